@@ -1,0 +1,36 @@
+# Two commands do everything: `make demo` and `make test` (see README.md).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+TORCH  := torch==2.13.0
+DEMO   := demo_checkpoints
+
+.PHONY: test demo dev-env lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+dev-env: $(PY)
+	$(PIP) $(TORCH)
+	$(PIP) -e '.[dev]'
+
+test: dev-env
+	$(PY) -m ruff check inspector tests benchmarks
+	$(PY) -m pytest
+
+demo: $(DEMO)/.built
+	$(VENV)/bin/jupyter lab notebooks/inspect.ipynb
+
+$(DEMO)/.built: $(PY) pyproject.toml $(wildcard inspector/demo/*.py)
+	$(PIP) $(TORCH)
+	$(PIP) -e .
+	$(PY) -m inspector.demo $(DEMO)
+	touch $@
+
+lint: dev-env
+	$(PY) -m ruff check inspector tests benchmarks
+
+clean:
+	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache .hypothesis

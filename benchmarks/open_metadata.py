@@ -1,0 +1,114 @@
+"""Open a 405B-shaped DCP metadata file: inspector.open + table vs torch's read_metadata.
+
+Builds a synthetic ``.metadata`` like a Llama-3 405B run with AdamW state saved from 64
+ranks (about 3,400 keys, 218k chunk entries), then times, interleaved, torch's
+``FileSystemReader.read_metadata()`` and ``inspector.open(path).table()``.
+Goal: ratio <= 1.3.  Run: ``.venv/bin/python benchmarks/open_metadata.py``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas  # noqa: F401  (imported up front: the table's one-off import is not per-open work)
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+import inspector
+
+RANKS, DIM, FFN, VOCAB, LAYERS, KV = 64, 16384, 53248, 128256, 126, 1024
+
+
+def parameter_shapes() -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (VOCAB, DIM)}
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "attention.wq.weight": (DIM, DIM),
+            p + "attention.wk.weight": (KV, DIM),
+            p + "attention.wv.weight": (KV, DIM),
+            p + "attention.wo.weight": (DIM, DIM),
+            p + "feed_forward.w1.weight": (FFN, DIM),
+            p + "feed_forward.w2.weight": (DIM, FFN),
+            p + "feed_forward.w3.weight": (FFN, DIM),
+            p + "attention_norm.weight": (DIM,),
+            p + "ffn_norm.weight": (DIM,),
+        }
+    return shapes | {"norm.weight": (DIM,), "output.weight": (VOCAB, DIM)}
+
+
+def build_metadata(folder: Path) -> tuple[int, int]:
+    state, storage, planner = {}, {}, {}
+    for fqn, shape in parameter_shapes().items():
+        for key, path, dtype in (
+            (fqn, (fqn,), torch.bfloat16),
+            (
+                f"optimizer.state.{fqn}.exp_avg",
+                ("optimizer", f"state.{fqn}.exp_avg"),
+                torch.float32,
+            ),
+            (
+                f"optimizer.state.{fqn}.exp_avg_sq",
+                ("optimizer", f"state.{fqn}.exp_avg_sq"),
+                torch.float32,
+            ),
+        ):
+            rows, chunks = shape[0], []
+            per = -(-rows // RANKS)
+            for rank in range(RANKS):
+                start = min(rank * per, rows)
+                offsets = torch.Size((start,) + (0,) * (len(shape) - 1))
+                sizes = torch.Size((max(0, min(per, rows - start)), *shape[1:]))
+                chunks.append(ChunkStorageMetadata(offsets, sizes))
+                nbytes = sizes.numel() * dtype.itemsize
+                storage[MetadataIndex(key, offsets, rank)] = _StorageInfo(
+                    f"__{rank}_0.distcp", rank, nbytes
+                )
+            state[key] = TensorStorageMetadata(
+                TensorProperties(dtype=dtype), torch.Size(shape), chunks
+            )
+            planner[key] = path
+    meta = Metadata(state, planner, storage, StorageMeta(checkpoint_id=folder), "1.0.0")
+    (folder / ".metadata").write_bytes(pickle.dumps(meta))
+    return len(state), len(storage)
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main(rounds: int = 3) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        keys, chunks = build_metadata(folder)
+        size = (folder / ".metadata").stat().st_size
+        print(f"metadata: {keys} keys, {chunks} chunk entries, {size / 1e6:.1f} MB")
+        ours, theirs = [], []
+        for _ in range(rounds):
+            theirs.append(timed(lambda: FileSystemReader(str(folder)).read_metadata()))
+            ours.append(timed(lambda: inspector.open(folder).table()))
+        t, o = statistics.median(theirs), statistics.median(ours)
+        print(f"torch FileSystemReader.read_metadata: {t:.2f} s (median of {rounds})")
+        print(f"inspector.open + table:               {o:.2f} s (median of {rounds})")
+        print(f"ratio (inspector / torch): {o / t:.2f}  (goal <= 1.3)")
+        return o / t
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() <= 1.3 else 1)

@@ -1,0 +1,50 @@
+"""checkpoint-inspector: open PyTorch training checkpoints lazily and safely.
+
+``import inspector`` is cheap: torch, pandas and ipywidgets load only when used.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from inspector.errors import (
+    CheckpointFileMissingError,
+    CorruptCheckpointError,
+    ExportError,
+    InspectorError,
+    MissingKeyError,
+    NotACheckpointError,
+    UnsafeCheckpointError,
+    UnsupportedError,
+)
+
+if TYPE_CHECKING:
+    from inspector.checkpoint import Checkpoint
+
+__all__ = [
+    "CheckpointFileMissingError",
+    "CorruptCheckpointError",
+    "ExportError",
+    "InspectorError",
+    "MissingKeyError",
+    "NotACheckpointError",
+    "UnsafeCheckpointError",
+    "UnsupportedError",
+    "open",
+]
+__version__ = "0.1.0"
+
+
+def open(path: str | os.PathLike) -> Checkpoint:
+    """Open a checkpoint (DCP folder, .pt/.pth/.bin, .safetensors, HF sharded folder or index)."""
+    from inspector.checkpoint import Checkpoint
+    from inspector.gc_pause import paused_gc
+    from inspector.sources import open_source
+
+    with paused_gc():
+        return Checkpoint(open_source(path))
+
+
+def __getattr__(name: str) -> Any:
+    raise AttributeError(f"module 'inspector' has no attribute {name!r}")

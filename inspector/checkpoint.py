@@ -1,0 +1,189 @@
+"""``Checkpoint``: one opened checkpoint, whatever its format, with lazy reads."""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from inspector import fp8, keys
+from inspector.errors import CorruptCheckpointError, InspectorError, MissingKeyError
+from inspector.model import Entry
+
+if TYPE_CHECKING:
+    import pandas
+
+    from inspector.sources.base import Source
+
+TABLE_COLUMNS = (
+    "key",
+    "component",
+    "kind",
+    "dtype",
+    "shape",
+    "numel",
+    "nbytes",
+    "chunks",
+    "files",
+    "subclass",
+    "fp8",
+    "error",
+)
+
+
+class Checkpoint:
+    """An opened checkpoint: metadata is in memory, tensor bytes are read when asked for."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        entries = source.entries()
+        keys.assign_components(entries)
+        self._entries = {e.key: e for e in entries}
+        self._layout = keys.detect_layout(
+            entries, nesting=getattr(source, "nesting", source.format)
+        )
+
+    # --- what it is ---------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return self.source.root
+
+    @property
+    def format(self) -> str:
+        return self.source.format
+
+    @property
+    def layout(self) -> str:
+        return self._layout.name
+
+    @property
+    def source_files(self) -> tuple[str, ...]:
+        return self.source.source_files
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self.source.metadata
+
+    def describe_layout(self) -> str:
+        """The layout and the evidence it was decided from, as text."""
+        notes = "\n".join(f"- {n}" for n in self.source.notes)
+        return f"format: {self.format}\n{notes}\n{self._layout.describe()}"
+
+    def components(self) -> dict[str, int]:
+        """Number of keys per component (model, optimizer, lr_scheduler, ...)."""
+        return keys.component_counts(self._entries.values())
+
+    def __repr__(self) -> str:
+        size = sum(e.nbytes for e in self._entries.values() if e.kind == "tensor")
+        return (
+            f"<Checkpoint {self.format} {self.layout} {str(self.path)!r}: "
+            f"{len(self._entries)} keys, {size / 1e6:.1f} MB of tensors>"
+        )
+
+    # --- keys and entries ---------------------------------------------------------------
+    def keys(self) -> list[str]:
+        """Stored keys, in stored order."""
+        return list(self._entries)
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def entry(self, key: str) -> Entry:
+        try:
+            return self._entries[key]
+        except KeyError:
+            close = difflib.get_close_matches(
+                key, list(itertools.islice(self._entries, 200_000)), n=3
+            )
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise MissingKeyError(f"no such key{hint}", file=self.path, key=key) from None
+
+    def table(self) -> pandas.DataFrame:
+        """One row per entry, the Entry fields as columns (see TABLE_COLUMNS)."""
+        import pandas
+
+        rows = [
+            (
+                e.key,
+                e.component,
+                e.kind,
+                e.dtype_name,
+                e.shape,
+                e.numel,
+                e.nbytes,
+                len(e.chunks),
+                e.files,
+                e.subclass,
+                e.fp8,
+                e.error,
+            )
+            for e in self._entries.values()
+        ]
+        return pandas.DataFrame.from_records(rows, columns=list(TABLE_COLUMNS))
+
+    # --- reading ------------------------------------------------------------------------
+    def read(self, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The whole tensor as a plain ``torch.Tensor``: chunks assembled, subclasses unwrapped."""
+        entry = self._readable(key, "tensor")
+        if len(entry.chunks) == 1 and entry.chunks[0].sizes == entry.shape:
+            tensor = fp8.to_plain(self.source.read_chunk(entry, 0))
+        else:
+            tensor = self._assemble(entry)
+        return tensor if dtype is None else tensor.to(dtype)
+
+    def read_object(self, key: str) -> Any:
+        """A non-tensor value (optimizer hyper-parameters, scheduler state, ...), decoded safely."""
+        return self.source.read_object(self._readable(key, "object"))
+
+    def _readable(self, key: str, kind: str) -> Entry:
+        entry = self.entry(key)
+        if entry.kind != kind:
+            what = "read_object" if entry.kind == "object" else "read"
+            raise InspectorError(f"is a {entry.kind}; use ck.{what}()", file=self.path, key=key)
+        if entry.error:
+            raise CorruptCheckpointError(entry.error, file=self.path, key=key)
+        return entry
+
+    def _assemble(self, entry: Entry) -> torch.Tensor:
+        _check_coverage(entry, self.path)
+        out = torch.empty(entry.shape, dtype=entry.dtype)
+        for index, chunk in enumerate(entry.chunks):
+            dest = out[
+                tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True))
+            ]
+            value = self.source.read_chunk(entry, index, dest if dest.is_contiguous() else None)
+            if value is not dest:
+                dest.copy_(fp8.to_plain(value))
+        return out
+
+
+def _check_coverage(entry: Entry, path: Path) -> None:
+    """Chunks must tile the tensor exactly: no overlap, nothing left out."""
+    total = sum(c.numel for c in entry.chunks)
+    if total != entry.numel:
+        raise CorruptCheckpointError(
+            f"chunks hold {total} elements, the tensor has {entry.numel}", file=path, key=entry.key
+        )
+    if not entry.shape:
+        return
+    boxes = sorted((c.offsets, c.sizes) for c in entry.chunks if c.numel)
+    for i, (a_off, a_size) in enumerate(boxes):
+        for b_off, b_size in boxes[i + 1 :]:
+            if b_off[0] >= a_off[0] + a_size[0]:
+                break
+            if all(
+                bo < ao + an and ao < bo + bn
+                for ao, an, bo, bn in zip(a_off, a_size, b_off, b_size, strict=True)
+            ):
+                raise CorruptCheckpointError(
+                    f"chunks at {list(a_off)} and {list(b_off)} overlap", file=path, key=entry.key
+                )

@@ -1,0 +1,122 @@
+"""``ckpt-inspect``: the command-line face of the same core (argument parsing and printing only)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import inspector
+from inspector.errors import InspectorError
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+def _print_table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    ck = inspector.open(args.path)
+    entries = ck.entries()
+    if args.json:
+        payload = {
+            "path": str(ck.path),
+            "format": ck.format,
+            "layout": ck.layout,
+            "entries": [e.as_dict() for e in entries],
+        }
+        json.dump(payload, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"{ck.path}  format={ck.format}  layout={ck.layout}  keys={len(entries)}")
+    extra = any(e.subclass or e.fp8 for e in entries)
+    header = ["key", "dtype", "shape", "chunks", "size"] + (["subclass", "fp8"] if extra else [])
+    rows = []
+    for e in entries:
+        shape = (
+            "x".join(map(str, e.shape)) if e.shape else ("scalar" if e.kind == "tensor" else "-")
+        )
+        row = [e.key, e.dtype_name or e.kind, shape, str(len(e.chunks)), human_bytes(e.nbytes)]
+        if extra:
+            row += [e.subclass or "", e.fp8 or ""]
+        if e.error:
+            row[0] = f"{e.key}  [unreadable: {e.error}]"
+        rows.append(row)
+    _print_table(rows, header)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    ck = inspector.open(args.path)
+    entry = ck.entry(args.key)
+    if entry.kind == "object":
+        print(f"{entry.key}: object ({entry.component})")
+        print(repr(ck.read_object(args.key)))
+        return 0
+    tensor = ck.read(args.key)
+    print(f"{entry.key}: tensor ({entry.component})")
+    print(f"  dtype    {entry.dtype_name}")
+    print(f"  shape    {list(entry.shape)}  ({entry.numel} elements, {human_bytes(entry.nbytes)})")
+    print(f"  chunks   {len(entry.chunks)} in {', '.join(entry.files)}")
+    for chunk in entry.chunks[: args.chunks]:
+        print(
+            f"           offsets {list(chunk.offsets)} sizes {list(chunk.sizes)} "
+            f"{chunk.file}@{chunk.byte_offset}"
+        )
+    if entry.subclass:
+        print(f"  subclass {entry.subclass}")
+    if entry.fp8:
+        print(f"  fp8      {entry.fp8}")
+    flat = tensor.reshape(-1)[: args.values]
+    print(f"  values   {_format_values(flat)}{' ...' if tensor.numel() > args.values else ''}")
+    return 0
+
+
+def _format_values(flat: Any) -> str:
+    if flat.dtype.is_floating_point and flat.dtype.itemsize == 1:
+        flat = flat.float()
+    return str(flat.tolist())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ckpt-inspect",
+        description="Inspect PyTorch checkpoints (DCP, .pt, safetensors) safely.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    ls = sub.add_parser("ls", help="list keys with dtype, shape, chunks and size")
+    ls.add_argument("path")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=cmd_ls)
+    show = sub.add_parser("show", help="one key: summary and first values")
+    show.add_argument("path")
+    show.add_argument("key")
+    show.add_argument("--values", type=int, default=8, help="how many values to print")
+    show.add_argument("--chunks", type=int, default=8, help="how many chunks to list")
+    show.set_defaults(func=cmd_show)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except InspectorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

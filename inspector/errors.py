@@ -1,0 +1,53 @@
+"""Errors raised for bad or unsupported input; every message names the file and the key."""
+
+from __future__ import annotations
+
+import os
+
+
+class InspectorError(Exception):
+    """Base class: something about a checkpoint (or a request about one) is wrong.
+
+    ``file`` and ``key`` say where; the message repeats them so a printed error is enough.
+    """
+
+    def __init__(
+        self, message: str, *, file: str | os.PathLike | None = None, key: str | None = None
+    ) -> None:
+        self.file = None if file is None else str(file)
+        self.key = key
+        self.reason = message
+        where = [f"{self.file}" if self.file else "", f"key {key!r}" if key is not None else ""]
+        prefix = ": ".join(w for w in where if w)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+class NotACheckpointError(InspectorError):
+    """The path is not a checkpoint in any format we know."""
+
+
+class CheckpointFileMissingError(InspectorError):
+    """A file the checkpoint refers to (a shard, ``.metadata``) does not exist."""
+
+
+class CorruptCheckpointError(InspectorError):
+    """A file is truncated, inconsistent with its metadata, or not what it claims to be."""
+
+
+class UnsafeCheckpointError(InspectorError):
+    """The checkpoint tries to run code or reach outside its folder; nothing was executed."""
+
+
+class UnsupportedError(InspectorError):
+    """Valid input that this version cannot decode (e.g. an unknown stream transform)."""
+
+
+class MissingKeyError(InspectorError, KeyError):
+    """The checkpoint has no such key."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+
+class ExportError(InspectorError):
+    """An export cannot be done as asked (output exists, unsupported dtype, ...)."""

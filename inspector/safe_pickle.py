@@ -1,0 +1,606 @@
+"""The only place that unpickles anything.
+
+Every global a pickle names is resolved here, never imported: an allow-list maps the
+few that genuine checkpoints need to safe stand-ins, known code-execution entry points
+raise :class:`UnsafeCheckpointError`, and everything else becomes an inert
+:class:`Opaque` placeholder that records what it was given and does nothing.
+Tensors are not built while unpickling: a torch archive's ``data.pkl`` yields
+:class:`TensorRef` / :class:`SubclassRef` descriptions that a source materialises later.
+"""
+
+from __future__ import annotations
+
+import io
+import pathlib
+import pickle
+import pickletools
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inspector.errors import CorruptCheckpointError, UnsafeCheckpointError
+from inspector.gc_pause import paused_gc
+
+# Modules (by top-level package) and names whose only use in a pickle is running code.
+_DANGEROUS_MODULES = frozenset(
+    [
+        "os",
+        "posix",
+        "nt",
+        "posixpath",
+        "ntpath",
+        "subprocess",
+        "_posixsubprocess",
+        "sys",
+        "importlib",
+        "runpy",
+        "shutil",
+        "socket",
+        "ctypes",
+        "_ctypes",
+        "pickle",
+        "_pickle",
+        "marshal",
+        "code",
+        "codeop",
+        "pty",
+        "multiprocessing",
+        "webbrowser",
+        "types",
+        "functools",
+        "operator",
+        "tempfile",
+        "glob",
+        "asyncio",
+        "threading",
+        "_thread",
+        "signal",
+        "pdb",
+        "timeit",
+        "trace",
+        "cProfile",
+        "profile",
+        "platform",
+        "sysconfig",
+        "ensurepip",
+        "venv",
+        "pip",
+        "setuptools",
+        "distutils",
+        "zipimport",
+        "pkgutil",
+        "inspect",
+        "gc",
+        "weakref",
+        "ast",
+        "dis",
+        "builtins",
+        "__builtin__",
+        "io",
+        "_io",
+        "codecs",
+        "_codecs",
+        "shlex",
+        "commands",
+        "popen2",
+        "requests",
+        "urllib",
+        "http",
+        "ftplib",
+        "smtplib",
+        "telnetlib",
+        "xmlrpc",
+        "dill",
+    ]
+)
+_DANGEROUS_TORCH = (
+    "torch.load",
+    "torch.hub",
+    "torch.jit",
+    "torch.package",
+    "torch.ops",
+    "torch._ops",
+    "torch.serialization",
+    "torch.fx",
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.utils",
+    "torch._C",
+    "torch.compile",
+    "torch.export",
+    "torch.library",
+    "torch.cuda",
+)
+_MAX_BUILTIN_BYTES = 1 << 26
+
+
+def _sized(kind: type) -> Any:
+    """``bytes(n)`` / ``bytearray(n)`` would let a tiny pickle allocate gigabytes."""
+
+    def build(*args: Any) -> Any:
+        if args and isinstance(args[0], int) and args[0] > _MAX_BUILTIN_BYTES:
+            raise ValueError(f"{kind.__name__}({args[0]}) is larger than any genuine value")
+        return kind(*args)
+
+    return build
+
+
+_SAFE_BUILTINS = {
+    "set": set,
+    "frozenset": frozenset,
+    "bytearray": _sized(bytearray),
+    "complex": complex,
+    "slice": slice,
+    "int": int,
+    "float": float,
+    "str": str,
+    "bytes": _sized(bytes),
+    "bool": bool,
+    "list": list,
+    "dict": dict,
+    "tuple": tuple,
+    "object": object,
+}
+
+
+class Opaque:
+    """Inert stand-in for a class or function a pickle names but we never import.
+
+    It accepts whatever the pickle passes (constructor arguments, state, items) and
+    keeps it for display; ``global_name`` says what it stood in for.
+    """
+
+    global_name = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Opaque:
+        obj = super().__new__(cls)
+        obj.args, obj.kwargs, obj.state, obj.items = args, kwargs, None, []
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.kwargs = args, kwargs
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.items.append((key, value))
+
+    def append(self, value: Any) -> None:
+        self.items.append(value)
+
+    def extend(self, values: Any) -> None:
+        self.items.extend(values)
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"placeholder for {self.global_name} cannot be pickled")
+
+    def __repr__(self) -> str:
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        text = f"<{self.global_name}({', '.join(parts)})"
+        if self.state is not None:
+            text += f" state={self.state!r}"
+        if self.items:
+            text += f" items={self.items!r}"
+        return text + " (not loaded)>"
+
+
+def opaque_class(module: str, name: str) -> type[Opaque]:
+    """A distinct placeholder class per global, so isinstance and NEWOBJ work on it."""
+    label = f"{module}.{name}"
+    safe_name = "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "Opaque"
+    return type(safe_name, (Opaque,), {"global_name": label, "__module__": __name__})
+
+
+@dataclass(frozen=True)
+class StorageRef:
+    """A storage record of a torch archive: ``data/<key>``, ``numel`` elements of ``dtype``."""
+
+    key: str
+    dtype: torch.dtype
+    numel: int
+
+
+@dataclass
+class TensorRef:
+    """A plain tensor described by a pickle: a strided view into a storage record."""
+
+    storage: StorageRef | None
+    storage_offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool = False
+
+
+@dataclass
+class SubclassRef:
+    """A tensor subclass instance: its class name, outer dtype/shape and pickled attributes."""
+
+    cls: str
+    dtype: torch.dtype | None
+    shape: tuple[int, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    data: TensorRef | None = None
+
+
+@dataclass(frozen=True)
+class _StorageType:
+    dtype: torch.dtype | None  # None: UntypedStorage (bytes; the real dtype comes later)
+
+
+# ---------------------------------------------------------------------------------------
+# Rebuild functions: what torch's own _rebuild_* become.
+
+
+def _ints(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list, torch.Size)) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise ValueError(f"{what} must be a tuple of ints, got {value!r}")
+    if any(v < 0 for v in value):
+        raise ValueError(f"{what} has a negative entry: {tuple(value)}")
+    return tuple(value)
+
+
+def _tensor_ref(
+    storage: Any, offset: Any, size: Any, stride: Any, dtype: Any, grad: Any
+) -> TensorRef:
+    if not isinstance(storage, StorageRef):
+        raise ValueError(f"tensor storage is {type(storage).__name__}, not a storage record")
+    if not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"bad storage offset {offset!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"bad dtype {dtype!r}")
+    shape, strides = _ints(size, "size"), _ints(stride, "stride")
+    if len(shape) != len(strides):
+        raise ValueError(f"size {shape} and stride {strides} differ in length")
+    return TensorRef(storage, offset, shape, strides, dtype, bool(grad))
+
+
+def _rebuild_tensor(storage, storage_offset, size, stride):
+    return _tensor_ref(
+        storage, storage_offset, size, stride, getattr(storage, "dtype", None), False
+    )
+
+
+def _rebuild_tensor_v2(
+    storage, storage_offset, size, stride, requires_grad, backward_hooks, metadata=None
+):
+    return _tensor_ref(
+        storage, storage_offset, size, stride, getattr(storage, "dtype", None), requires_grad
+    )
+
+
+def _rebuild_tensor_v3(
+    storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None
+):
+    if isinstance(storage, StorageRef) and isinstance(dtype, torch.dtype):
+        if storage.dtype != torch.uint8 or storage.numel % dtype.itemsize:
+            raise ValueError(f"untyped storage of {storage.numel} bytes cannot hold {dtype}")
+        storage = StorageRef(storage.key, dtype, storage.numel // dtype.itemsize)
+    return _tensor_ref(storage, storage_offset, size, stride, dtype, requires_grad)
+
+
+def _rebuild_meta(dtype, size, stride, requires_grad):
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"bad dtype {dtype!r}")
+    return TensorRef(
+        None, 0, _ints(size, "size"), _ints(stride, "stride"), dtype, bool(requires_grad)
+    )
+
+
+def _rebuild_parameter(data, requires_grad, backward_hooks, state=None):
+    return data
+
+
+def _rebuild_wrapper_subclass(
+    cls, dtype, size, stride, storage_offset, layout, device, requires_grad
+):
+    name = getattr(cls, "global_name", getattr(cls, "__name__", repr(cls)))
+    return SubclassRef(name, dtype if isinstance(dtype, torch.dtype) else None, _ints(size, "size"))
+
+
+def _rebuild_from_type(func, new_type, args, state):
+    if not callable(func):
+        raise ValueError(f"{func!r} is not a rebuild function")
+    value = func(*args)
+    if isinstance(state, tuple) and len(state) == 2:
+        state = {**(state[0] or {}), **(state[1] or {})}
+    if new_type in (torch.Tensor, torch.nn.Parameter) or not isinstance(new_type, type):
+        return value
+    if isinstance(value, SubclassRef):
+        if isinstance(state, dict):
+            value.attrs.update(state)
+        return value
+    if isinstance(value, TensorRef) and issubclass(new_type, Opaque):
+        attrs = dict(state) if isinstance(state, dict) else {}
+        return SubclassRef(new_type.global_name, value.dtype, value.shape, attrs, data=value)
+    return value
+
+
+def _codecs_encode(text: Any, encoding: str = "utf-8") -> bytes:
+    """Protocol-2 pickles spell ``bytes`` as ``_codecs.encode(str, 'latin1')``."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8"):
+        raise ValueError(f"refusing _codecs.encode({type(text).__name__}, {encoding!r})")
+    return text.encode(encoding)
+
+
+def _reconstructor(cls, base, state):
+    """``copyreg._reconstructor`` (protocol 0/1 objects), limited to placeholders and builtins."""
+    if isinstance(cls, type) and issubclass(cls, Opaque):
+        return cls(state) if state is not None else cls()
+    if base in (object,) and cls in (object,):
+        return object()
+    if cls is base and base in _SAFE_BUILTINS.values():
+        return base(state) if state is not None else base()
+    raise ValueError(f"copyreg._reconstructor({cls!r}, {base!r}) is not allowed")
+
+
+def _torch_global(name: str) -> Any:
+    value = getattr(torch, name, None)
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+        return value
+    if name == "Size":
+        return torch.Size
+    if name == "device":
+        return torch.device
+    if name in ("Tensor",):
+        return torch.Tensor
+    if name.endswith("Storage"):
+        return _LEGACY_STORAGE.get(name)
+    return None
+
+
+_LEGACY_STORAGE = {
+    "DoubleStorage": _StorageType(torch.float64),
+    "FloatStorage": _StorageType(torch.float32),
+    "HalfStorage": _StorageType(torch.float16),
+    "BFloat16Storage": _StorageType(torch.bfloat16),
+    "LongStorage": _StorageType(torch.int64),
+    "IntStorage": _StorageType(torch.int32),
+    "ShortStorage": _StorageType(torch.int16),
+    "CharStorage": _StorageType(torch.int8),
+    "ByteStorage": _StorageType(torch.uint8),
+    "BoolStorage": _StorageType(torch.bool),
+    "ComplexFloatStorage": _StorageType(torch.complex64),
+    "ComplexDoubleStorage": _StorageType(torch.complex128),
+}
+
+
+def _get_layout(name: Any) -> torch.layout:
+    layout = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(layout, torch.layout):
+        raise ValueError(f"unknown layout {name!r}")
+    return layout
+
+
+def _pure_path(*parts: Any) -> pathlib.PurePath:
+    return pathlib.PurePosixPath(*(str(p) for p in parts))
+
+
+def _pure_windows_path(*parts: Any) -> pathlib.PurePath:
+    return pathlib.PureWindowsPath(*(str(p) for p in parts))
+
+
+_PATH_CLASSES = {
+    "PosixPath": _pure_path,
+    "PurePosixPath": _pure_path,
+    "Path": _pure_path,
+    "WindowsPath": _pure_windows_path,
+    "PureWindowsPath": _pure_windows_path,
+}
+
+_DATA_GLOBALS: dict[tuple[str, str], Any] = {
+    ("collections", "OrderedDict"): OrderedDict,
+    ("collections", "defaultdict"): defaultdict,
+    ("_codecs", "encode"): _codecs_encode,
+    ("copyreg", "_reconstructor"): _reconstructor,
+    ("_io", "BytesIO"): io.BytesIO,
+    ("io", "BytesIO"): io.BytesIO,
+    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_wrapper_subclass"): _rebuild_wrapper_subclass,
+    ("torch._utils", "_rebuild_meta_tensor_no_storage"): _rebuild_meta,
+    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type,
+    ("torch._tensor", "_rebuild_from_type"): _rebuild_from_type,
+    ("torch.serialization", "_get_layout"): _get_layout,
+    ("torch.storage", "UntypedStorage"): _StorageType(None),
+    ("torch", "UntypedStorage"): _StorageType(None),
+    ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
+    ("torch.torch_version", "TorchVersion"): str,
+}
+
+
+def _metadata_globals() -> dict[tuple[str, str], Any]:
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    names = {
+        (metadata.__name__, n): getattr(metadata, n)
+        for n in (
+            "Metadata",
+            "MetadataIndex",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    }
+    names[(filesystem.__name__, "_StorageInfo")] = filesystem._StorageInfo
+    names[("torch", "Size")] = torch.Size
+    names[("torch.serialization", "_get_layout")] = _get_layout
+    for module in ("pathlib", "pathlib._local"):
+        for cls, fn in _PATH_CLASSES.items():
+            names[(module, cls)] = fn
+    return names
+
+
+def _is_dangerous(module: str, name: str) -> bool:
+    root = module.split(".")[0]
+    full = f"{module}.{name}"
+    if root in ("builtins", "__builtin__"):
+        return name not in _SAFE_BUILTINS
+    if (module, name) in _DATA_GLOBALS:
+        return False
+    if root in _DANGEROUS_MODULES:
+        return True
+    return root == "torch" and any(full == d or full.startswith(d + ".") for d in _DANGEROUS_TORCH)
+
+
+def _numpy_global(module: str, name: str) -> Any:
+    if module not in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray"):
+        return None
+    if name not in ("_reconstruct", "scalar", "ndarray", "dtype"):
+        return None
+    import numpy
+
+    if name == "ndarray":
+        return numpy.ndarray
+    if name == "dtype":
+        return numpy.dtype
+    multiarray = getattr(numpy, "_core", None) or numpy.core
+    return getattr(multiarray.multiarray, name)
+
+
+# ---------------------------------------------------------------------------------------
+# Unpicklers
+
+
+class _Unpickler(pickle.Unpickler):
+    """Resolves globals through ``resolve``; refuses persistent ids unless a subclass maps them."""
+
+    def __init__(self, data: bytes, file: str, key: str | None) -> None:
+        super().__init__(io.BytesIO(data))
+        self.file, self.key = file, key
+
+    def resolve(self, module: str, name: str) -> Any:
+        raise NotImplementedError
+
+    def find_class(self, module: str, name: str) -> Any:
+        if not isinstance(module, str) or not isinstance(name, str):
+            raise self.unsafe(f"non-string global {module!r}.{name!r}")
+        return self.resolve(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+
+    def unsafe(self, what: str) -> UnsafeCheckpointError:
+        return UnsafeCheckpointError(
+            f"pickle refers to {what}, which could run code; refused (nothing was executed)",
+            file=self.file,
+            key=self.key,
+        )
+
+
+class _MetadataUnpickler(_Unpickler):
+    _allowed: dict[tuple[str, str], Any] | None = None
+
+    def resolve(self, module: str, name: str) -> Any:
+        if _MetadataUnpickler._allowed is None:
+            _MetadataUnpickler._allowed = _metadata_globals()
+        value = self._allowed.get((module, name))
+        if value is None and module == "torch":
+            value = _torch_global(name)
+            if not isinstance(value, torch.dtype):
+                value = None
+        if value is None:
+            raise self.unsafe(f"global {module}.{name}, which DCP metadata never contains")
+        return value
+
+
+class _DataUnpickler(_Unpickler):
+    """For torch archives' ``data.pkl`` and plain pickled objects."""
+
+    def __init__(self, data: bytes, file: str, key: str | None) -> None:
+        super().__init__(data, file, key)
+        self.placeholders: dict[str, type[Opaque]] = {}
+
+    def resolve(self, module: str, name: str) -> Any:
+        if module in ("builtins", "__builtin__") and name in _SAFE_BUILTINS:
+            return _SAFE_BUILTINS[name]
+        if _is_dangerous(module, name):
+            raise self.unsafe(f"{module}.{name}")
+        value = _DATA_GLOBALS.get((module, name))
+        if value is None and module == "torch":
+            value = _torch_global(name)
+        if value is None and module in ("pathlib", "pathlib._local"):
+            value = _PATH_CLASSES.get(name)
+        if value is None:
+            value = _numpy_global(module, name)
+        if value is None:
+            label = f"{module}.{name}"
+            value = self.placeholders.get(label) or opaque_class(module, name)
+            self.placeholders[label] = value
+        return value
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+        _, storage_type, key, _location, numel = pid
+        if not isinstance(storage_type, _StorageType):
+            raise pickle.UnpicklingError(f"storage type {storage_type!r} is not a torch storage")
+        if not isinstance(key, str) or not isinstance(numel, int) or numel < 0:
+            raise pickle.UnpicklingError(f"bad storage record {key!r} of {numel!r} elements")
+        return StorageRef(key, storage_type.dtype or torch.uint8, numel)
+
+
+def _run(unpickler: _Unpickler) -> Any:
+    try:
+        with paused_gc():
+            return unpickler.load()
+    except UnsafeCheckpointError:
+        raise
+    except RecursionError as exc:
+        raise CorruptCheckpointError(
+            "pickle nests too deeply", file=unpickler.file, key=unpickler.key
+        ) from exc
+    except Exception as exc:  # a malformed pickle can raise almost anything
+        raise CorruptCheckpointError(
+            f"cannot decode pickle ({type(exc).__name__}: {exc})",
+            file=unpickler.file,
+            key=unpickler.key,
+        ) from exc
+
+
+def load_metadata(data: bytes, *, file: str) -> Any:
+    """Decode a DCP ``.metadata`` pickle into torch's own ``Metadata`` objects, allow-listed."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    metadata = _run(_MetadataUnpickler(data, file, None))
+    if not isinstance(metadata, Metadata):
+        raise CorruptCheckpointError(
+            f"pickle holds a {type(metadata).__name__}, not DCP Metadata", file=file
+        )
+    return metadata
+
+
+def load_data_pickle(data: bytes, *, file: str, key: str | None = None) -> Any:
+    """Decode a torch archive's ``data.pkl`` or a plain pickled object.
+
+    Tensors come back as TensorRef / SubclassRef descriptions, unknown classes as Opaque.
+    """
+    return _run(_DataUnpickler(data, file, key))
+
+
+def referenced_globals(data: bytes) -> list[str]:
+    """Names of the globals a pickle refers to, found by reading its opcodes (nothing runs)."""
+    names: list[str] = []
+    strings: list[str] = []
+    try:
+        for opcode, arg, _pos in pickletools.genops(data):
+            if opcode.name in ("GLOBAL", "INST"):
+                names.append(str(arg).replace(" ", "."))
+            elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                names.append(f"{strings[-2]}.{strings[-1]}")
+            elif isinstance(arg, str):
+                strings.append(arg)
+    except Exception:  # truncated or garbled: report what was seen so far
+        pass
+    return list(dict.fromkeys(names))

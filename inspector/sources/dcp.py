@@ -1,0 +1,346 @@
+"""torch.distributed.checkpoint directories written by ``FileSystemWriter``.
+
+``.metadata`` (decoded by safe_pickle) lists every key, its global shape and its chunks;
+each chunk is a torch.save archive at a byte range of a ``__<rank>_<n>.distcp`` file.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from inspector import safe_pickle
+from inspector.errors import CorruptCheckpointError, UnsupportedError
+from inspector.model import ChunkInfo, Entry
+from inspector.safe_pickle import SubclassRef, TensorRef
+from inspector.sources.archive import TorchArchive, is_zip
+from inspector.sources.base import ChunkValue, file_sizes, resolve_inside
+
+METADATA_FILE = ".metadata"
+_ZSTD = "stream.zstd/1"
+_TRANSFORM_SLACK = 1 << 20
+
+
+def metadata_files(root: Path) -> list[Path]:
+    """``.metadata``, or the per-rank ``__<r>.metadata`` files written without collectives."""
+    main = root / METADATA_FILE
+    if main.is_file():
+        return [main]
+    return sorted(root.glob("__*" + METADATA_FILE), key=lambda p: p.name)
+
+
+def is_dcp_dir(root: Path) -> bool:
+    return root.is_dir() and bool(metadata_files(root))
+
+
+class DcpSource:
+    """A DCP checkpoint folder: metadata at open, chunk byte ranges on demand."""
+
+    format = "dcp"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        files = metadata_files(root)
+        self.metadata_path = files[0] if files else root / METADATA_FILE
+        raw = (
+            _merge([_read_metadata(p) for p in files])
+            if files
+            else _read_metadata(self.metadata_path)
+        )
+        self.notes = (
+            f"{self.metadata_path.name} found: torch.distributed.checkpoint (DCP) folder",
+        )
+        self.nesting = (
+            "DCP planner_data"
+            if isinstance(raw.planner_data, dict)
+            else "key names (no planner_data)"
+        )
+        self._entries = _entries(raw, root, self.metadata_path)
+        self.source_files = tuple(
+            [p.name for p in files] + sorted({f for e in self._entries for f in e.files})
+        )
+        storage_meta = getattr(raw, "storage_meta", None)
+        self.metadata = {"version": str(getattr(raw, "version", None))}
+        if storage_meta is not None and getattr(storage_meta, "checkpoint_id", None) is not None:
+            self.metadata["saved_to"] = str(storage_meta.checkpoint_id)
+
+    def entries(self) -> list[Entry]:
+        return self._entries
+
+    @contextmanager
+    def _item(self, entry: Entry, chunk: ChunkInfo):
+        """The chunk's stored bytes as a seekable stream positioned for a TorchArchive."""
+        path = resolve_inside(self.root, chunk.file, referrer=self.metadata_path, key=entry.key)
+        with open(path, "rb") as f:
+            if not chunk.transforms:
+                yield f, chunk.byte_offset, chunk.byte_length, str(path)
+                return
+            data = _untransform(f, chunk, entry, str(path))
+            yield io.BytesIO(data), 0, len(data), str(path)
+
+    def _archive(self, f: BinaryIO, offset: int, length: int, path: str, key: str) -> TorchArchive:
+        f.seek(offset)
+        if not is_zip(f.read(4)):
+            raise CorruptCheckpointError(
+                f"no torch.save archive at byte {offset} (wrong offset, or a safetensors .distcp)",
+                file=path,
+                key=key,
+            )
+        return TorchArchive(f, path, offset, length, key)
+
+    def read_chunk(self, entry: Entry, index: int, out: torch.Tensor | None = None) -> ChunkValue:
+        chunk = entry.chunks[index]
+        with self._item(entry, chunk) as (f, offset, length, path):
+            archive = self._archive(f, offset, length, path, entry.key)
+            value = archive.load()
+            if isinstance(value, SubclassRef):
+                value = archive.materialize(value)
+                _check_shape(value.shape, chunk, entry, path)
+                return value
+            if not isinstance(value, TensorRef):
+                raise CorruptCheckpointError(
+                    f"chunk at {list(chunk.offsets)} holds a {type(value).__name__}, not a tensor",
+                    file=path,
+                    key=entry.key,
+                )
+            _check_shape(value.shape, chunk, entry, path)
+            if value.dtype != entry.dtype:
+                raise CorruptCheckpointError(
+                    f"chunk dtype {value.dtype} differs from metadata dtype {entry.dtype}",
+                    file=path,
+                    key=entry.key,
+                )
+            return archive.read_tensor(value, out)
+
+    def read_object(self, entry: Entry) -> Any:
+        chunk = entry.chunks[0]
+        with self._item(entry, chunk) as (f, offset, length, path):
+            f.seek(offset)
+            if not is_zip(f.read(4)):
+                f.seek(offset)
+                return f.read(length)
+            archive = TorchArchive(f, path, offset, length, entry.key)
+            return archive.materialize(archive.load())
+
+    def chunk_globals(self, entry: Entry, index: int) -> list[str]:
+        chunk = entry.chunks[index]
+        with self._item(entry, chunk) as (f, offset, length, path):
+            return self._archive(f, offset, length, path, entry.key).pickle_globals()
+
+
+def _check_shape(shape: tuple[int, ...], chunk: ChunkInfo, entry: Entry, path: str) -> None:
+    if tuple(shape) != chunk.sizes:
+        raise CorruptCheckpointError(
+            f"chunk at {list(chunk.offsets)} stores shape {list(shape)}, "
+            f"metadata says {list(chunk.sizes)}",
+            file=path,
+            key=entry.key,
+        )
+
+
+def _untransform(f: BinaryIO, chunk: ChunkInfo, entry: Entry, path: str) -> bytes:
+    if list(chunk.transforms) != [_ZSTD]:
+        raise UnsupportedError(
+            f"unknown stream transforms {list(chunk.transforms)}", file=path, key=entry.key
+        )
+    try:
+        import zstandard
+    except ImportError as exc:
+        raise UnsupportedError(
+            "chunk is zstd-compressed; install the 'zstandard' package to read it",
+            file=path,
+            key=entry.key,
+        ) from exc
+    limit = math.prod(chunk.sizes) * (entry.dtype.itemsize if entry.dtype else 1) + _TRANSFORM_SLACK
+    f.seek(chunk.byte_offset)
+    compressed = f.read(chunk.byte_length)
+    try:
+        data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(compressed)).read(limit + 1)
+    except zstandard.ZstdError as exc:
+        raise CorruptCheckpointError(
+            f"zstd data is damaged ({exc})", file=path, key=entry.key
+        ) from exc
+    if len(data) > limit:
+        raise CorruptCheckpointError(
+            "zstd data expands beyond the chunk's size", file=path, key=entry.key
+        )
+    return data
+
+
+def _read_metadata(path: Path) -> Any:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        from inspector.errors import CheckpointFileMissingError
+
+        raise CheckpointFileMissingError("DCP metadata file is missing", file=path) from exc
+    return safe_pickle.load_metadata(data, file=str(path))
+
+
+def _merge(parts: list[Any]) -> Any:
+    """Union of per-rank metadata files (``__<r>.metadata``); one file is returned as is."""
+    if len(parts) == 1:
+        return parts[0]
+    merged = parts[0]
+    for part in parts[1:]:
+        for key, md in part.state_dict_metadata.items():
+            mine = merged.state_dict_metadata.setdefault(key, md)
+            if mine is not md and hasattr(mine, "chunks"):
+                mine.chunks.extend(md.chunks)
+        if isinstance(part.storage_data, dict):
+            merged.storage_data.update(part.storage_data)
+        if isinstance(part.planner_data, dict) and isinstance(merged.planner_data, dict):
+            merged.planner_data.update(part.planner_data)
+    return merged
+
+
+def _entries(md: Any, root: Path, metadata_path: Path) -> list[Entry]:
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+    state = getattr(md, "state_dict_metadata", None)
+    if not isinstance(state, dict):
+        raise CorruptCheckpointError(
+            "metadata has no state_dict_metadata table", file=metadata_path
+        )
+    planner = md.planner_data if isinstance(md.planner_data, dict) else None
+    storage = _storage_by_key(md.storage_data, metadata_path)
+    sizes = file_sizes(
+        root,
+        {
+            info.relative_path
+            for per in storage.values()
+            for info in per.values()
+            if isinstance(getattr(info, "relative_path", None), str)
+        },
+        referrer=metadata_path,
+    )
+    entries = []
+    for key, item in state.items():
+        if not isinstance(key, str):
+            raise CorruptCheckpointError(
+                f"metadata key {key!r} is not a string", file=metadata_path
+            )
+        nested = _nested_path(key, planner)
+        where = storage.get(key, {})
+        try:
+            if isinstance(item, TensorStorageMetadata):
+                entries.append(_tensor_entry(key, item, nested, where, sizes))
+            elif isinstance(item, BytesStorageMetadata):
+                entries.append(_object_entry(key, nested, where, sizes))
+            else:
+                raise TypeError(f"unknown storage metadata {type(item).__name__}")
+        except (TypeError, ValueError, AttributeError) as exc:
+            entries.append(
+                Entry(key, "object", nested_path=nested, error=f"malformed metadata ({exc})")
+            )
+    return entries
+
+
+def _nested_path(key: str, planner: dict | None) -> tuple:
+    """The key's path from planner_data; () when the planner kept none (guessed later)."""
+    if planner is None:
+        return ()
+    path = planner.get(key)
+    return tuple(path) if isinstance(path, (tuple, list)) and path else (key,)
+
+
+def _storage_by_key(storage_data: Any, metadata_path: Path) -> dict[str, dict[tuple | None, Any]]:
+    if not isinstance(storage_data, dict):
+        raise CorruptCheckpointError("metadata has no storage_data table", file=metadata_path)
+    by_key: dict[str, dict[tuple | None, Any]] = {}
+    for index, info in storage_data.items():
+        fqn = getattr(index, "fqn", None)
+        offset = getattr(index, "offset", None)
+        if isinstance(fqn, str) and (offset is None or isinstance(offset, (tuple, list))):
+            by_key.setdefault(fqn, {})[None if offset is None else tuple(offset)] = info
+    return by_key
+
+
+def _tensor_entry(key: str, md: Any, nested: tuple, where: dict, sizes: dict) -> Entry:
+    dtype = getattr(getattr(md, "properties", None), "dtype", None)
+    shape = tuple(md.size) if isinstance(md.size, (tuple, list)) else None
+    entry = Entry(
+        key,
+        "tensor",
+        dtype=dtype if isinstance(dtype, torch.dtype) else None,
+        shape=shape,
+        nested_path=nested,
+    )
+    if entry.dtype is None or shape is None or not _valid_shape(shape):
+        entry.error = f"metadata gives an invalid dtype {dtype!r} or shape {md.size!r}"
+        return entry
+    chunks, problems = [], []
+    for chunk in md.chunks if isinstance(md.chunks, list) else []:
+        offsets, csizes = tuple(chunk.offsets), tuple(chunk.sizes)
+        info = where.get(offsets)
+        if info is None:
+            problems.append(f"no storage record for the chunk at offsets {list(offsets)}")
+            continue
+        chunks.append(_chunk(offsets, csizes, info))
+        problems.extend(_chunk_problems(chunks[-1], shape, sizes))
+    entry.chunks = tuple(chunks)
+    if not problems and sum(c.numel for c in chunks) != entry.numel:
+        problems.append(
+            f"chunks hold {sum(c.numel for c in chunks)} elements, the tensor has {entry.numel}"
+        )
+    entry.error = problems[0] if problems else None
+    return entry
+
+
+def _object_entry(key: str, nested: tuple, where: dict, sizes: dict) -> Entry:
+    info = where.get(None) or next(iter(where.values()), None)
+    entry = Entry(key, "object", nested_path=nested)
+    if info is None:
+        entry.error = "no storage record for this object"
+        return entry
+    entry.chunks = (_chunk((), (), info),)
+    problems = _chunk_problems(entry.chunks[0], (), sizes)
+    entry.error = problems[0] if problems else None
+    return entry
+
+
+def _chunk(offsets: tuple, sizes: tuple, info: Any) -> ChunkInfo:
+    transforms = getattr(info, "transform_descriptors", None) or ()
+    return ChunkInfo(
+        offsets, sizes, info.relative_path, info.offset, info.length, tuple(transforms)
+    )
+
+
+def _valid_shape(shape: tuple) -> bool:
+    return (
+        all(isinstance(n, int) and 0 <= n < 1 << 62 for n in shape) and math.prod(shape) < 1 << 62
+    )
+
+
+def _chunk_problems(chunk: ChunkInfo, shape: tuple, sizes: dict) -> list[str]:
+    size = sizes.get(chunk.file, f"bad file name {chunk.file!r}")
+    if isinstance(size, str):
+        return [size]
+    problems = []
+    if not (isinstance(chunk.byte_offset, int) and isinstance(chunk.byte_length, int)) or (
+        chunk.byte_offset < 0 or chunk.byte_length < 0
+    ):
+        return [f"bad byte range {chunk.byte_offset!r}+{chunk.byte_length!r} in {chunk.file}"]
+    if chunk.byte_offset + chunk.byte_length > size:
+        problems.append(
+            f"{chunk.file} has {size} bytes but the chunk at {list(chunk.offsets)} ends at byte "
+            f"{chunk.byte_offset + chunk.byte_length} (file truncated?)"
+        )
+    if (
+        len(chunk.offsets) != len(shape)
+        or len(chunk.sizes) != len(shape)
+        or any(
+            not isinstance(o, int) or not isinstance(n, int) or o < 0 or n < 0 or o + n > dim
+            for o, n, dim in zip(chunk.offsets, chunk.sizes, shape, strict=False)
+        )
+    ):
+        problems.append(
+            f"chunk at offsets {list(chunk.offsets)} size {list(chunk.sizes)} "
+            f"lies outside shape {list(shape)}"
+        )
+    return problems

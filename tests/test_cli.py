@@ -1,0 +1,89 @@
+"""``ckpt-inspect`` as a user runs it: a real process, real output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import inspector
+
+ENTRY_FIELDS = {
+    "key",
+    "component",
+    "kind",
+    "dtype",
+    "shape",
+    "numel",
+    "nbytes",
+    "chunks",
+    "files",
+    "subclass",
+    "fp8",
+    "error",
+}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("ckpt-inspect")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_ls_table(demo_dir: Path) -> None:
+    result = cli("ls", str(demo_dir / "prefixed"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "format=dcp" in lines[0] and "layout=prefixed" in lines[0]
+    assert lines[1].split() == ["key", "dtype", "shape", "chunks", "size"]
+    row = next(line for line in lines if line.startswith("model.layers.0.feed_forward.w1.weight "))
+    assert row.split() == [
+        "model.layers.0.feed_forward.w1.weight",
+        "float32",
+        "128x64",
+        "2",
+        "32.8",
+        "KB",
+    ]
+    assert len(lines) == 2 + len(inspector.open(demo_dir / "prefixed").keys())
+
+
+def test_ls_json(demo_dir: Path) -> None:
+    result = cli("ls", str(demo_dir / "flat"), "--json")
+    payload = json.loads(result.stdout)
+    assert payload["format"] == "dcp" and payload["layout"] == "flat"
+    entries = {e["key"]: e for e in payload["entries"]}
+    assert set(entries["norm.weight"]) == ENTRY_FIELDS
+    assert entries["norm.weight"] | {"files": None} == {
+        "key": "norm.weight",
+        "component": "model",
+        "kind": "tensor",
+        "dtype": "float32",
+        "shape": [64],
+        "numel": 64,
+        "nbytes": 256,
+        "chunks": 2,
+        "files": None,
+        "subclass": None,
+        "fp8": None,
+        "error": None,
+    }
+    assert entries["lr_scheduler.last_epoch"]["kind"] == "object"
+
+
+def test_show_tensor_and_object(demo_dir: Path) -> None:
+    ck = inspector.open(demo_dir / "seed")
+    first = ck.read("layers.0.attention_norm.weight")[:8].tolist()
+    result = cli("show", str(demo_dir / "seed"), "layers.0.attention_norm.weight")
+    assert result.returncode == 0, result.stderr
+    assert "dtype    float32" in result.stdout and "shape    [64]" in result.stdout
+    assert f"values   {first} ..." in result.stdout
+    result = cli("show", str(demo_dir / "flat"), "lr_scheduler.base_lrs")
+    assert result.stdout.splitlines()[-1] == "[0.001]"
+
+
+def test_errors_are_one_line(tmp_path: Path) -> None:
+    result = cli("ls", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and str(tmp_path) in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,164 @@
+"""safe_pickle: genuine pickles decode; hostile ones never run and say what they tried."""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import io
+import os
+import pickle
+import runpy
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+import inspector
+from inspector import safe_pickle
+from inspector.errors import CorruptCheckpointError, UnsafeCheckpointError
+from inspector.safe_pickle import Opaque, SubclassRef, TensorRef
+
+
+class Payload:
+    """Pickles as a call of ``func(*args)``: what a hostile checkpoint contains."""
+
+    def __init__(self, func, *args) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+def payloads(marker: Path) -> dict[str, Payload]:
+    victim = marker.parent / "victim"
+    return {
+        "os.system": Payload(os.system, f"touch {marker}"),
+        "subprocess.call": Payload(subprocess.call, ["touch", str(marker)]),
+        "eval": Payload(builtins.eval, f"open({str(marker)!r}, 'w')"),
+        "exec": Payload(builtins.exec, f"open({str(marker)!r}, 'w')"),
+        "__import__": Payload(builtins.__import__, "antigravity"),
+        "importlib": Payload(importlib.import_module, "antigravity"),
+        "runpy": Payload(runpy.run_path, str(marker)),
+        "shutil.rmtree": Payload(shutil.rmtree, str(victim)),
+    }
+
+
+def hostile_metadata(payload: Payload, folder: Path) -> Path:
+    meta = Metadata(state_dict_metadata={}, storage_meta=StorageMeta(checkpoint_id=payload))
+    (folder / ".metadata").write_bytes(pickle.dumps(meta))
+    return folder
+
+
+@pytest.mark.parametrize("name", sorted(payloads(Path("/x"))))
+def test_hostile_metadata_never_runs(tmp_path: Path, name: str) -> None:
+    marker = tmp_path / "marker"
+    (tmp_path / "victim").mkdir()
+    folder = hostile_metadata(payloads(marker)[name], tmp_path)
+    with pytest.raises(UnsafeCheckpointError) as info:
+        inspector.open(folder)
+    assert str(folder / ".metadata") in str(info.value)
+    assert "nothing was executed" in str(info.value)
+    assert not marker.exists()
+    assert (tmp_path / "victim").is_dir()
+
+
+@pytest.mark.parametrize("name", sorted(payloads(Path("/x"))))
+def test_hostile_object_pickle_never_runs(tmp_path: Path, name: str) -> None:
+    marker = tmp_path / "marker"
+    (tmp_path / "victim").mkdir()
+    data = pickle.dumps({"lr": 0.1, "evil": payloads(marker)[name]}, protocol=2)
+    with pytest.raises(UnsafeCheckpointError, match=r"f\.pkl: key 'k'"):
+        safe_pickle.load_data_pickle(data, file="f.pkl", key="k")
+    assert not marker.exists()
+    assert (tmp_path / "victim").is_dir()
+
+
+def test_genuine_metadata_equals_pickle(demo_dir: Path) -> None:
+    data = (demo_dir / "flat" / ".metadata").read_bytes()
+    ours = safe_pickle.load_metadata(data, file="x")
+    theirs = FileSystemReader(str(demo_dir / "flat")).read_metadata()
+    assert ours.state_dict_metadata == theirs.state_dict_metadata
+    assert ours.storage_data == theirs.storage_data
+    assert ours.planner_data == theirs.planner_data
+
+
+def test_metadata_refuses_data_classes(tmp_path: Path) -> None:
+    meta = Metadata(state_dict_metadata={}, planner_data={"x": io.BytesIO(b"hi")})
+    with pytest.raises(UnsafeCheckpointError, match=r"_io\.BytesIO"):
+        safe_pickle.load_metadata(pickle.dumps(meta), file="m")
+
+
+def test_metadata_that_is_not_metadata() -> None:
+    with pytest.raises(CorruptCheckpointError, match="not DCP Metadata"):
+        safe_pickle.load_metadata(pickle.dumps({"a": 1}), file="m")
+    with pytest.raises(CorruptCheckpointError, match="cannot decode"):
+        safe_pickle.load_metadata(pickle.dumps({"a": 1})[:-3], file="m")
+
+
+class Custom:
+    def __init__(self) -> None:
+        self.value = 3
+
+
+def test_unknown_classes_become_inert_placeholders() -> None:
+    value = safe_pickle.load_data_pickle(pickle.dumps({"c": Custom()}, protocol=2), file="f")
+    placeholder = value["c"]
+    assert isinstance(placeholder, Opaque)
+    assert placeholder.global_name == f"{__name__}.Custom"
+    assert placeholder.state == {"value": 3}
+    assert "not loaded" in repr(placeholder)
+
+
+def test_protocol2_builtins_decode() -> None:
+    original = {"b": b"\x00\xffxyz", "s": {1, 2}, "t": (1, 2.5), "n": None, "f": frozenset("ab")}
+    assert safe_pickle.load_data_pickle(pickle.dumps(original, protocol=2), file="f") == original
+
+
+def test_memory_bomb_refused() -> None:
+    data = pickle.dumps(Payload(bytearray, 1 << 40), protocol=2)
+    with pytest.raises(CorruptCheckpointError, match="larger than any genuine value"):
+        safe_pickle.load_data_pickle(data, file="f")
+
+
+def archive_pickle(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    import zipfile
+
+    return zipfile.ZipFile(io.BytesIO(buf.getvalue())).read("archive/data.pkl")
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int64, torch.bool]
+)
+def test_tensor_refs_describe_without_loading(dtype: torch.dtype) -> None:
+    tensor = torch.zeros(4, 6, dtype=dtype)[1:, ::2]
+    ref = safe_pickle.load_data_pickle(archive_pickle(tensor), file="f")
+    assert isinstance(ref, TensorRef)
+    assert (ref.dtype, ref.shape, ref.stride, ref.storage_offset) == (dtype, (3, 3), (6, 2), 6)
+    assert ref.storage.numel == 24
+
+
+def test_wrapper_subclass_described() -> None:
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+
+    f8 = hp_tensor_to_float8_dynamic(torch.randn(8, 16), torch.float8_e4m3fn, LinearMMConfig())
+    ref = safe_pickle.load_data_pickle(archive_pickle(f8), file="f")
+    assert isinstance(ref, SubclassRef)
+    assert ref.cls == "torchao.float8.float8_training_tensor.Float8TrainingTensor"
+    assert (ref.dtype, ref.shape) == (torch.float32, (8, 16))
+    assert ref.attrs["_data"].dtype == torch.float8_e4m3fn
+    assert ref.attrs["_orig_dtype"] == torch.float32
+    assert isinstance(ref.attrs["_linear_mm_config"], Opaque)
+
+
+def test_referenced_globals_lists_without_running(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    names = safe_pickle.referenced_globals(pickle.dumps(Payload(os.system, f"touch {marker}")))
+    assert names == ["posix.system"]
+    assert not marker.exists()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -47,7 +47,6 @@ class Entry:
     subclass: str | None = None
     fp8: str | None = None
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def numel(self) -> int:

@@ -31,6 +31,7 @@ __all__ = [
     "NotACheckpointError",
     "UnsafeCheckpointError",
     "UnsupportedError",
+    "diff",
     "open",
 ]
 __version__ = "0.1.0"
@@ -46,5 +47,12 @@ def open(path: str | os.PathLike) -> Checkpoint:
         return Checkpoint(open_source(path))
 
 
+_LAZY = {"diff": "inspector.compare"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'inspector' has no attribute {name!r}")

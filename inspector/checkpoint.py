@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import difflib
 import itertools
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from inspector import fp8, keys
+from inspector import fp8, keys, stats
 from inspector.errors import CorruptCheckpointError, InspectorError, MissingKeyError
-from inspector.model import Entry
+from inspector.model import ChunkInfo, Entry
 
 if TYPE_CHECKING:
     import pandas
 
     from inspector.sources.base import Source
+    from inspector.stats import Histogram, TensorStats
 
 TABLE_COLUMNS = (
     "key",
@@ -144,6 +146,12 @@ class Checkpoint:
         """A non-tensor value (optimizer hyper-parameters, scheduler state, ...), decoded safely."""
         return self.source.read_object(self._readable(key, "object"))
 
+    def iter_chunks(self, key: str) -> Iterator[tuple[ChunkInfo, torch.Tensor]]:
+        """Each stored chunk of a tensor as a plain tensor, one at a time (bounded memory)."""
+        entry = self._readable(key, "tensor")
+        for index, chunk in enumerate(entry.chunks):
+            yield chunk, fp8.to_plain(self.source.read_chunk(entry, index))
+
     def _readable(self, key: str, kind: str) -> Entry:
         entry = self.entry(key)
         if entry.kind != kind:
@@ -152,6 +160,21 @@ class Checkpoint:
         if entry.error:
             raise CorruptCheckpointError(entry.error, file=self.path, key=key)
         return entry
+
+    # --- numbers ------------------------------------------------------------------------
+    def stats(self, key: str) -> TensorStats:
+        """min / max / mean / std / absmax / L2 / zeros / NaN / Inf, computed chunk by chunk."""
+        return stats.tensor_stats(self, key)
+
+    def stats_table(
+        self, include: Iterable[str] | None = None, *, progress: bool = True
+    ) -> pandas.DataFrame:
+        """Statistics for every tensor key matching the ``include`` globs, one row each."""
+        return stats.stats_table(self, include, progress=progress)
+
+    def histogram(self, key: str, bins: int = 64) -> Histogram:
+        """Bin counts of a tensor's finite values (see :mod:`inspector.stats`)."""
+        return stats.histogram(self, key, bins)
 
     def _assemble(self, entry: Entry) -> torch.Tensor:
         _check_coverage(entry, self.path)

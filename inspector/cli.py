@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -84,6 +85,60 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from inspector import compare
+
+    table = compare.diff(
+        args.a,
+        args.b,
+        values=not args.keys_only,
+        atol=args.atol,
+        rtol=args.rtol,
+        key_map=None if args.key_map == "none" else "auto",
+        progress=False,
+    )
+    equal = bool(table["equal"].all())
+    summary = compare.summarize(table)
+    if args.json:
+        rows = json.loads(table.to_json(orient="records"))
+        json.dump(
+            {"a": args.a, "b": args.b, "equal": equal, "summary": summary, "rows": rows},
+            sys.stdout,
+            indent=1,
+        )
+        print()
+        return 0 if equal else 1
+    print(f"{len(table)} keys: " + ", ".join(f"{n} {s}" for s, n in summary.items() if n))
+    differing = table[~table["equal"] | (table["status"] == "dtype")]
+    rows = [
+        [
+            r.key if _missing(r.key_b) or r.key_b == r.key else f"{r.key} -> {r.key_b}",
+            r.status,
+            f"{_number(r.dtype_a, '{}') or '-'} / {_number(r.dtype_b, '{}') or '-'}",
+            _number(r.max_abs_diff, "{:.3g}"),
+            _number(r.n_diff, "{:.0f}"),
+        ]
+        for r in differing.itertuples()
+    ]
+    if rows:
+        _print_table(rows, ["key", "status", "dtype a / b", "max abs diff", "differing"])
+    print(
+        "equal" if equal else "DIFFERENT",
+        "within" if args.atol or args.rtol else "at",
+        f"atol={args.atol} rtol={args.rtol}",
+    )
+    return 0 if equal else 1
+
+
+def _missing(value: Any) -> bool:
+    """None, or the NaN pandas stores in its place."""
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def _number(value: Any, fmt: str) -> str:
+    return "" if _missing(value) else fmt.format(value)
+
+
 def _format_values(flat: Any) -> str:
     if flat.dtype.is_floating_point and flat.dtype.itemsize == 1:
         flat = flat.float()
@@ -106,10 +161,26 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--values", type=int, default=8, help="how many values to print")
     show.add_argument("--chunks", type=int, default=8, help="how many chunks to list")
     show.set_defaults(func=cmd_show)
+    diff = sub.add_parser("diff", help="compare two checkpoints key by key (exit 0 when equal)")
+    diff.add_argument("a")
+    diff.add_argument("b")
+    diff.add_argument("--json", action="store_true", help="machine-readable output")
+    diff.add_argument("--keys-only", action="store_true", help="compare keys, dtypes, shapes only")
+    diff.add_argument("--atol", type=float, default=0.0, help="absolute tolerance")
+    diff.add_argument("--rtol", type=float, default=0.0, help="relative tolerance")
+    diff.add_argument(
+        "--key-map",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto: match keys across layouts with the FQN doctor's best rewrite",
+    )
+    diff.set_defaults(func=cmd_diff)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `ckpt-inspect ls ... | head` ends quietly
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -87,3 +87,31 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and str(tmp_path) in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_diff_exit_codes_and_json(demo_dir: Path) -> None:
+    same = cli("diff", str(demo_dir / "flat"), str(demo_dir / "flat"), "--key-map", "none")
+    assert same.returncode == 0, same.stderr
+    assert same.stdout.splitlines()[0] == "347 keys: 347 same"
+    different = cli(
+        "diff", str(demo_dir / "seed"), str(demo_dir / "flat"), "--key-map", "none", "--json"
+    )
+    assert different.returncode == 1
+    payload = json.loads(different.stdout)
+    assert payload["equal"] is False
+    assert payload["summary"] == {
+        "same": 0,
+        "dtype": 0,
+        "values": 21,
+        "shape": 0,
+        "only_a": 0,
+        "only_b": 326,
+    }
+    row = next(r for r in payload["rows"] if r["key"] == "norm.weight")
+    assert row["status"] == "values" and row["n_diff"] > 0
+    keys_only = cli(
+        "diff", str(demo_dir / "seed"), str(demo_dir / "flat"), "--key-map", "none", "--keys-only"
+    )
+    assert keys_only.returncode == 1 and keys_only.stdout.startswith(
+        "347 keys: 21 same, 326 only_b"
+    )

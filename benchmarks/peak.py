@@ -1,0 +1,35 @@
+"""Run a snippet in a fresh interpreter and report its wall time and peak RSS.
+
+Peak RSS is the kernel's VmHWM for the child's own address space (``ru_maxrss`` would
+carry over the parent's peak across exec on Linux).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+_WRAPPER = """
+import json, re, sys, time
+start = time.perf_counter()
+exec(compile(sys.argv[1], "<snippet>", "exec"))
+wall = time.perf_counter() - start
+hwm = re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read())
+print("@@" + json.dumps({"wall": wall, "peak": int(hwm.group(1)) * 1024}))
+"""
+
+
+def measure(snippet: str) -> dict[str, float]:
+    """``{"wall": s, "peak": bytes}`` of ``snippet`` run by ``python -c`` (imports included)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _WRAPPER, snippet], capture_output=True, text=True, check=False
+    )
+    if done.returncode:
+        raise RuntimeError(done.stderr[-4000:])
+    line = next(line for line in done.stdout.splitlines() if line.startswith("@@"))
+    return json.loads(line[2:])
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"

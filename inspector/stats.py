@@ -1,0 +1,244 @@
+"""Per-tensor statistics and histograms, computed chunk by chunk in bounded memory.
+
+A tensor is visited one stored chunk at a time and each chunk in blocks of
+``BLOCK`` elements, so a huge bf16 or float8 tensor never needs a float copy of
+itself. min / max / mean / std / absmax / L2 norm are over the finite values; NaN
+and Inf are counted separately; std uses Bessel's correction, like ``torch.std``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    import pandas
+    from matplotlib.figure import Figure
+
+    from inspector.checkpoint import Checkpoint
+
+BLOCK = 1 << 22
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block|layer)\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """Summary numbers of one tensor (float fields are NaN when there is no finite value)."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    numel: int
+    min: float
+    max: float
+    mean: float
+    std: float
+    absmax: float
+    l2: float
+    zeros: int
+    nan: int
+    inf: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Moments:
+    """Running count / mean / M2 (Chan et al. parallel update) plus extrema and counts."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    sumsq: float = 0.0
+    min: float = math.inf
+    max: float = -math.inf
+    zeros: int = 0
+    nan: int = 0
+    inf: int = 0
+
+    def add(self, block: torch.Tensor) -> None:
+        values = block.to(torch.float64)
+        finite = torch.isfinite(values)
+        self.nan += int(torch.isnan(values).sum())
+        self.inf += int(torch.isinf(values).sum())
+        self.zeros += int((values == 0).sum())
+        good = values[finite] if not bool(finite.all()) else values
+        n = good.numel()
+        if n == 0:
+            return
+        mean = float(good.mean())
+        m2 = float(((good - mean) ** 2).sum())
+        total = self.n + n
+        delta = mean - self.mean
+        self.m2 += m2 + delta * delta * self.n * n / total
+        self.mean += delta * n / total
+        self.n = total
+        self.sumsq += float((good * good).sum())
+        self.min = min(self.min, float(good.min()))
+        self.max = max(self.max, float(good.max()))
+
+
+def blocks(tensor: torch.Tensor, size: int = BLOCK) -> Iterator[torch.Tensor]:
+    """Flat views of ``size`` elements (the last may be shorter)."""
+    flat = tensor.reshape(-1)
+    for start in range(0, flat.numel(), size):
+        yield flat[start : start + size]
+
+
+def tensor_stats(ck: Checkpoint, key: str) -> TensorStats:
+    """Statistics of one tensor, reading it chunk by chunk."""
+    entry = ck.entry(key)
+    acc = _Moments()
+    for _chunk, part in ck.iter_chunks(key):
+        for block in blocks(part):
+            acc.add(block)
+    nan = math.nan
+    has = acc.n > 0
+    return TensorStats(
+        key=key,
+        dtype=entry.dtype_name or "",
+        shape=tuple(entry.shape or ()),
+        numel=entry.numel,
+        min=acc.min if has else nan,
+        max=acc.max if has else nan,
+        mean=acc.mean if has else nan,
+        std=math.sqrt(acc.m2 / (acc.n - 1)) if acc.n > 1 else nan,
+        absmax=max(abs(acc.min), abs(acc.max)) if has else nan,
+        l2=math.sqrt(acc.sumsq),
+        zeros=acc.zeros,
+        nan=acc.nan,
+        inf=acc.inf,
+    )
+
+
+def _matching(ck: Checkpoint, include: Iterable[str] | None) -> list[str]:
+    from fnmatch import fnmatchcase
+
+    patterns = list(include) if include is not None else None
+    return [
+        e.key
+        for e in ck.entries()
+        if e.kind == "tensor"
+        and not e.error
+        and (patterns is None or any(fnmatchcase(e.key, p) for p in patterns))
+    ]
+
+
+def stats_table(
+    ck: Checkpoint, include: Iterable[str] | None = None, *, progress: bool = True
+) -> pandas.DataFrame:
+    """One row of statistics per tensor key matching the ``include`` globs (all by default)."""
+    import pandas
+    from tqdm.auto import tqdm
+
+    keys = _matching(ck, include)
+    rows = [tensor_stats(ck, k).as_dict() for k in tqdm(keys, desc="stats", disable=not progress)]
+    columns = list(TensorStats.__dataclass_fields__)
+    return pandas.DataFrame.from_records(rows, columns=columns)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Bin counts over the finite values; ``edges`` has one more element than ``counts``."""
+
+    key: str
+    counts: torch.Tensor
+    edges: torch.Tensor
+    nan: int
+    inf: int
+
+
+def histogram(
+    ck: Checkpoint, key: str, bins: int = 64, range: tuple[float, float] | None = None
+) -> Histogram:
+    """Histogram of a tensor's finite values, two streaming passes (range, then counts)."""
+    if bins < 1:
+        raise ValueError("bins must be >= 1")
+    summary = tensor_stats(ck, key) if range is None else None
+    low, high = range if range is not None else (summary.min, summary.max)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        low, high = 0.0, 0.0
+    if high <= low:
+        high = low + 1.0
+    counts = torch.zeros(bins, dtype=torch.int64)
+    nan = inf = 0
+    for _chunk, part in ck.iter_chunks(key):
+        for block in blocks(part):
+            values = block.to(torch.float64)
+            nan += int(torch.isnan(values).sum())
+            inf += int(torch.isinf(values).sum())
+            values = values[torch.isfinite(values) & (values >= low) & (values <= high)]
+            index = ((values - low) / (high - low) * bins).long().clamp_(0, bins - 1)
+            counts += torch.bincount(index, minlength=bins)
+    edges = torch.linspace(low, high, bins + 1, dtype=torch.float64)
+    return Histogram(key, counts, edges, nan, inf)
+
+
+def plot_histogram(
+    ck: Checkpoint, key: str, bins: int = 64, *, log: bool = False, ax: Any = None
+) -> Figure:
+    """A matplotlib figure of :func:`histogram` (log-scaled counts on request)."""
+    hist = histogram(ck, key, bins)
+    fig, ax = _axes(ax)
+    widths = (hist.edges[1:] - hist.edges[:-1]).numpy()
+    ax.bar(hist.edges[:-1].numpy(), hist.counts.numpy(), width=widths, align="edge")
+    ax.set_title(f"{key}" + (f"  (NaN {hist.nan}, Inf {hist.inf})" if hist.nan or hist.inf else ""))
+    ax.set_xlabel("value")
+    ax.set_ylabel("count")
+    if log:
+        ax.set_yscale("log")
+    return fig
+
+
+def layer_index(key: str) -> int | None:
+    """The block index in a key such as ``layers.12.attention.wq.weight`` (None if none)."""
+    match = _LAYER.search(key)
+    return int(match.group(1)) if match else None
+
+
+def layer_norms(
+    ck: Checkpoint, include: Iterable[str] | None = None, *, progress: bool = True
+) -> pandas.DataFrame:
+    """L2 norm per (layer index, parameter name within the layer), for per-layer plots."""
+    import pandas
+    from tqdm.auto import tqdm
+
+    rows = []
+    for key in tqdm(_matching(ck, include), desc="norms", disable=not progress):
+        index = layer_index(key)
+        if index is None:
+            continue
+        name = _LAYER.sub(lambda m: m.group(0).replace(m.group(1), "*"), key, count=1)
+        rows.append({"layer": index, "name": name, "key": key, "l2": tensor_stats(ck, key).l2})
+    return pandas.DataFrame(rows, columns=["layer", "name", "key", "l2"])
+
+
+def plot_layer_norms(
+    ck: Checkpoint, include: Iterable[str] | None = None, *, ax: Any = None
+) -> Figure:
+    """One line per parameter name: L2 norm against the layer index parsed from the key."""
+    table = layer_norms(ck, include, progress=False)
+    fig, ax = _axes(ax)
+    for name, group in table.groupby("name", sort=True):
+        group = group.sort_values("layer")
+        ax.plot(group["layer"], group["l2"], marker="o", label=name)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("L2 norm")
+    if len(table):
+        ax.legend(fontsize="small")
+    return fig
+
+
+def _axes(ax: Any) -> tuple[Any, Any]:
+    if ax is not None:
+        return ax.figure, ax
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3.2), layout="constrained")
+    return fig, fig.add_subplot()

@@ -43,7 +43,9 @@ class Checkpoint:
         self.source = source
         entries = source.entries()
         keys.assign_components(entries)
+        fp8.mark_scaled_pairs(entries)
         self._entries = {e.key: e for e in entries}
+        self._detections: dict[str, fp8.Detection] = {}
         self._layout = keys.detect_layout(
             entries, nesting=getattr(source, "nesting", source.format)
         )
@@ -109,8 +111,30 @@ class Checkpoint:
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise MissingKeyError(f"no such key{hint}", file=self.path, key=key) from None
 
+    def scan(self, keys: str | Iterable[str] | None = None, *, progress: bool = True) -> None:
+        """Fill ``subclass`` / ``fp8`` of tensor entries (all, or ``keys``) from their chunks'
+        small pickle records; cached, so later calls and reads do not repeat it."""
+        from tqdm.auto import tqdm
+
+        wanted = self._entries if keys is None else [keys] if isinstance(keys, str) else keys
+        todo = [k for k in wanted if k not in self._detections]
+        for key in tqdm(
+            todo, desc="scanning chunks", unit="key", disable=not progress or len(todo) < 2
+        ):
+            self.inspect_subclass(key)
+
+    def inspect_subclass(self, key: str) -> fp8.Detection:
+        """What ``key``'s chunks hold (plain, FP8 wrapper, quantized payload, unknown subclass),
+        scanned on first use and recorded in its entry."""
+        entry = self.entry(key)
+        if key not in self._detections:
+            self._detections[key] = fp8.detect(self.source, entry)
+            fp8.annotate(entry, self._detections[key])
+        return self._detections[key]
+
     def table(self) -> pandas.DataFrame:
-        """One row per entry, the Entry fields as columns (see TABLE_COLUMNS)."""
+        """One row per entry, the Entry fields as columns (see TABLE_COLUMNS); ``subclass`` is
+        filled for entries scanned so far (``ck.scan()`` scans all)."""
         import pandas
 
         rows = [
@@ -134,12 +158,15 @@ class Checkpoint:
 
     # --- reading ------------------------------------------------------------------------
     def read(self, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The whole tensor as a plain ``torch.Tensor``: chunks assembled, subclasses unwrapped."""
+        """The whole tensor as a plain ``torch.Tensor``: chunks assembled, FP8 wrappers unwrapped,
+        quantized payloads dequantized (straight to ``dtype`` when given, like torchao's
+        ``dequantize(dtype)``; else to their logical dtype)."""
         entry = self._readable(key, "tensor")
         if len(entry.chunks) == 1 and entry.chunks[0].sizes == entry.shape:
-            tensor = fp8.to_plain(self.source.read_chunk(entry, 0))
+            value = self.source.read_chunk(entry, 0)
+            tensor = fp8.to_plain(value, dtype, file=self.path, key=key)
         else:
-            tensor = self._assemble(entry)
+            tensor = self._assemble(entry, dtype)
         return tensor if dtype is None else tensor.to(dtype)
 
     def read_object(self, key: str) -> Any:
@@ -150,7 +177,8 @@ class Checkpoint:
         """Each stored chunk of a tensor as a plain tensor, one at a time (bounded memory)."""
         entry = self._readable(key, "tensor")
         for index, chunk in enumerate(entry.chunks):
-            yield chunk, fp8.to_plain(self.source.read_chunk(entry, index))
+            value = self.source.read_chunk(entry, index)
+            yield chunk, fp8.to_plain(value, file=self.path, key=key)
 
     def _readable(self, key: str, kind: str) -> Entry:
         entry = self.entry(key)
@@ -176,16 +204,16 @@ class Checkpoint:
         """Bin counts of a tensor's finite values (see :mod:`inspector.stats`)."""
         return stats.histogram(self, key, bins)
 
-    def _assemble(self, entry: Entry) -> torch.Tensor:
+    def _assemble(self, entry: Entry, dtype: torch.dtype | None) -> torch.Tensor:
         _check_coverage(entry, self.path)
-        out = torch.empty(entry.shape, dtype=entry.dtype)
+        out = torch.empty(entry.shape, dtype=dtype or entry.dtype)
         for index, chunk in enumerate(entry.chunks):
             dest = out[
                 tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True))
             ]
             value = self.source.read_chunk(entry, index, dest if dest.is_contiguous() else None)
             if value is not dest:
-                dest.copy_(fp8.to_plain(value))
+                dest.copy_(fp8.to_plain(value, dtype, file=self.path, key=entry.key))
         return out
 
 

@@ -30,6 +30,8 @@ def _print_table(rows: list[list[str]], header: list[str]) -> None:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     ck = inspector.open(args.path)
+    if not args.no_scan:
+        ck.scan(progress=not args.json and sys.stderr.isatty())
     entries = ck.entries()
     if args.json:
         payload = {
@@ -62,6 +64,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     ck = inspector.open(args.path)
     entry = ck.entry(args.key)
+    ck.inspect_subclass(args.key)
     if entry.kind == "object":
         print(f"{entry.key}: object ({entry.component})")
         print(repr(ck.read_object(args.key)))
@@ -154,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list keys with dtype, shape, chunks and size")
     ls.add_argument("path")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument(
+        "--no-scan",
+        action="store_true",
+        help="skip reading each chunk's pickle record (subclass / fp8 columns stay empty for DCP)",
+    )
     ls.set_defaults(func=cmd_ls)
     show = sub.add_parser("show", help="one key: summary and first values")
     show.add_argument("path")

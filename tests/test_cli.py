@@ -115,3 +115,42 @@ def test_diff_exit_codes_and_json(demo_dir: Path) -> None:
     assert keys_only.returncode == 1 and keys_only.stdout.startswith(
         "347 keys: 21 same, 326 only_b"
     )
+
+
+def test_ls_shows_fp8_subclasses(demo_dir: Path) -> None:
+    result = cli("ls", str(demo_dir / "fp8"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].split() == ["key", "dtype", "shape", "chunks", "size", "subclass", "fp8"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    assert rows["layers.0.feed_forward.w2.weight"] == [
+        "float32",
+        "64x128",
+        "2",
+        "32.8",
+        "KB",
+        "WeightWithDynamicFloat8CastTensor",
+        "wrapper",
+        "->",
+        "float8_e4m3fn",
+    ]
+    assert rows["output.weight"] == ["float32", "256x64", "2", "65.5", "KB"]
+    assert sum("WeightWithDynamicFloat8CastTensor" in line for line in lines) == 14
+    payload = json.loads(cli("ls", str(demo_dir / "fp8"), "--json").stdout)
+    entries = {e["key"]: e for e in payload["entries"]}
+    assert entries["layers.1.attention.wq.weight"]["fp8"] == "wrapper -> float8_e4m3fn"
+    assert entries["norm.weight"]["subclass"] is None
+
+
+def test_ls_no_scan_reads_metadata_only(demo_dir: Path) -> None:
+    result = cli("ls", str(demo_dir / "fp8"), "--no-scan")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1].split() == ["key", "dtype", "shape", "chunks", "size"]
+    assert "WeightWithDynamicFloat8CastTensor" not in result.stdout
+
+
+def test_show_names_the_subclass(demo_dir: Path) -> None:
+    result = cli("show", str(demo_dir / "fp8"), "layers.0.attention.wq.weight")
+    assert result.returncode == 0, result.stderr
+    assert "subclass WeightWithDynamicFloat8CastTensor" in result.stdout
+    assert "fp8      wrapper -> float8_e4m3fn" in result.stdout

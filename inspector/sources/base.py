@@ -14,7 +14,7 @@ from inspector.errors import (
     UnsafeCheckpointError,
 )
 from inspector.model import Entry
-from inspector.safe_pickle import SubclassRef
+from inspector.safe_pickle import SubclassRef, TensorRef
 
 ChunkValue = torch.Tensor | SubclassRef
 
@@ -43,6 +43,12 @@ class Source(Protocol):
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         """Classes and functions the chunk's pickle names (read without running it)."""
+        ...
+
+    def describe_chunk(self, entry: Entry, index: int) -> TensorRef | SubclassRef:
+        """The chunk as its pickle describes it (class, dtypes, shapes, attributes), decoded
+        through safe_pickle without reading tensor bytes. Detection calls it only for chunks
+        whose ``chunk_globals`` name a class outside torch."""
         ...
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -128,9 +129,16 @@ class DcpSource:
             return archive.materialize(archive.load())
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
+        return self._on_archive(entry, index, TorchArchive.pickle_globals)
+
+    def describe_chunk(self, entry: Entry, index: int) -> TensorRef | SubclassRef:
+        return self._on_archive(entry, index, TorchArchive.load)
+
+    def _on_archive(self, entry: Entry, index: int, method: Callable[[TorchArchive], Any]) -> Any:
+        """``method`` applied to chunk ``index``'s archive; only its small records are read."""
         chunk = entry.chunks[index]
         with self._item(entry, chunk) as (f, offset, length, path):
-            return self._archive(f, offset, length, path, entry.key).pickle_globals()
+            return method(self._archive(f, offset, length, path, entry.key))
 
 
 def _check_shape(shape: tuple[int, ...], chunk: ChunkInfo, entry: Entry, path: str) -> None:

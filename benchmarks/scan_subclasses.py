@@ -1,0 +1,84 @@
+"""``ck.scan()`` reads pickle records only: its time must not grow with tensor size.
+
+Saves (one process, DCP) two checkpoints with the same 64 keys, half of them wrapped in
+torchao's ``WeightWithDynamicFloat8CastTensor`` as float8 training does: one of 64x64
+float32 weights (1 MiB in all), one of 1024x1024 (256 MiB in all). Times, interleaved, a
+fresh ``inspector.open(path).scan()`` on each, and reading every tensor for context.
+Goal: scan(large) / scan(small) <= 1.5 while reading grows with the data.
+Run: ``.venv/bin/python benchmarks/scan_subclasses.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+import inspector
+
+TENSORS = 64
+SMALL, LARGE = 64, 1024
+
+
+def build(path: Path, dim: int) -> None:
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    state = {}
+    for i in range(TENSORS):
+        w = torch.randn(dim, dim)
+        if i % 2:
+            w = WeightWithDynamicFloat8CastTensor(w, LinearMMConfig(), torch.float8_e4m3fn)
+        state[f"layers.{i}.weight"] = w
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(path), no_dist=True)
+
+
+def scan(path: Path) -> int:
+    ck = inspector.open(path)
+    ck.scan(progress=False)
+    return sum(e.subclass is not None for e in ck.entries())
+
+
+def read_all(path: Path) -> int:
+    ck = inspector.open(path)
+    return sum(ck.read(k).numel() for k in ck.keys())
+
+
+def timed(fn, path: Path) -> float:
+    start = time.perf_counter()
+    fn(path)
+    return time.perf_counter() - start
+
+
+def main(rounds: int = 5) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        small, large = Path(tmp) / "small", Path(tmp) / "large"
+        build(small, SMALL)
+        build(large, LARGE)
+        assert scan(small) == scan(large) == TENSORS // 2
+        times: dict[tuple[str, str], list[float]] = {}
+        for _ in range(rounds):
+            for what, fn in (("scan", scan), ("read", read_all)):
+                for name, path in (("small", small), ("large", large)):
+                    times.setdefault((what, name), []).append(timed(fn, path))
+        t = {k: statistics.median(v) for k, v in times.items()}
+        print(f"{TENSORS} keys, half FP8-wrapped; {SMALL}x{SMALL} vs {LARGE}x{LARGE} float32")
+        for what in ("scan", "read"):
+            print(
+                f"{what:4}: small {t[what, 'small']:.3f} s, large {t[what, 'large']:.3f} s "
+                f"(median of {rounds}), ratio {t[what, 'large'] / t[what, 'small']:.2f}"
+            )
+        ratio = t["scan", "large"] / t["scan", "small"]
+        print(f"ratio scan(large) / scan(small): {ratio:.2f}  (goal <= 1.5)")
+        return ratio
+
+
+if __name__ == "__main__":
+    main()

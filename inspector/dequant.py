@@ -165,20 +165,17 @@ def nvfp4(
 ) -> torch.Tensor:
     """torchao ``NVFP4Tensor``: e2m1 elements times (per-tensor scale x E4M3 block scale)."""
     transposed = qdata.stride(-2) < qdata.stride(-1)
+    if swizzled:
+        scale = _unswizzle(scale, shape, block, transposed)
     lead = shape[:-2]
     rows, cols = (shape[-1], shape[-2]) if transposed else (shape[-2], shape[-1])
-    data = qdata.transpose(-2, -1) if transposed else qdata
-    values = unpack_fp4(data).view(*lead, rows, cols // block, block)
-    scale = scale.transpose(-2, -1) if transposed else scale
-    if swizzled:
-        scale = from_blocked(scale, math.prod(lead) * rows, cols // block)
-        scale = scale.view(*lead, rows, cols // block)
-    scale = scale.to(torch.float)
+    if transposed:
+        qdata, scale = qdata.transpose(-2, -1), scale.transpose(-2, -1)
+    values = unpack_fp4(qdata).view(*lead, rows, cols // block, block)
+    scale = scale.to(torch.float32)
     if per_tensor_scale is not None:
         scale = per_tensor_scale * scale
-    result = (values * scale.view(*lead, rows, cols // block, 1).to(torch.float32)).view(
-        *lead, rows, cols
-    )
+    result = (values * scale.reshape(*lead, rows, cols // block, 1)).view(*lead, rows, cols)
     result = result.to(dtype)
     return result.transpose(-2, -1) if transposed else result
 

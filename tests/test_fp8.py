@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -48,6 +49,16 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
             b.contiguous().reshape(-1).view(torch.uint8),
         )
     )
+
+
+def run_without_torchao(code: str, *args: str) -> dict:
+    """Run ``code`` in a fresh interpreter where ``import torchao`` fails; its last stdout
+    line is JSON with a ``torchao`` flag (whether torchao got imported after all)."""
+    result = run_python(code, *args, block_torchao=True)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got.pop("torchao") is False
+    return got
 
 
 def dcp_save(state: dict, path: Path) -> Path:
@@ -127,6 +138,9 @@ FACTS = {
 }
 
 
+FACTS |= {f"{name}_t": FACTS[name] for name in fx.TRANSPOSED}
+
+
 @pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("name", sorted(FACTS))
 def test_payload_described_from_pickle(saved_pt, reader, name: str) -> None:
@@ -176,10 +190,7 @@ def test_dequantize_needs_no_torchao(saved_pt: Path, torchao_objects) -> None:
         " fp8.dequantize(v).float().double().sum().item()] for k, v in values.items()}\n"
         "print(json.dumps({'torchao': sys.modules.get('torchao') is not None, 'out': out}))\n"
     )
-    result = run_python(code, str(saved_pt), block_torchao=True)
-    assert result.returncode == 0, result.stderr
-    got = json.loads(result.stdout.strip().splitlines()[-1])
-    assert got["torchao"] is False
+    got = run_without_torchao(code, str(saved_pt))
     _, values = via_archive(saved_pt)
     assert got["out"] == {
         k: [fp8.describe(v).fp8, fp8.dequantize(v).float().double().sum().item()]
@@ -319,13 +330,8 @@ def test_demo_fp8_without_torchao(demo_dir: Path) -> None:
         "print(json.dumps({'torchao': sys.modules.get('torchao') is not None,"
         " 'marked': marked, 'digest': digest}))\n"
     )
-    result = run_python(code, str(demo_dir / "fp8"), block_torchao=True)
-    assert result.returncode == 0, result.stderr
-    got = json.loads(result.stdout.strip().splitlines()[-1])
-    assert got["torchao"] is False
+    got = run_without_torchao(code, str(demo_dir / "fp8"))
     assert got["marked"] == {k: [WRAPPER, "wrapper -> float8_e4m3fn"] for k in CONVERTED}
-    import hashlib
-
     for key, value in torch_master_weights(demo_dir / "fp8").items():
         assert got["digest"][key] == hashlib.sha256(value.numpy().tobytes()).hexdigest(), key
 

@@ -345,7 +345,7 @@ def describe(value: Any, classes: Iterable[str] = ()) -> Detection:
     if isinstance(value, Opaque):
         return Detection("unknown", value.global_name, "not a tensor pickle", classes)
     if not isinstance(value, SubclassRef):
-        return Detection("plain", classes=classes)
+        return Detection("plain")
     labels, ref = [], value
     while isinstance(ref, SubclassRef) and _format_key(ref.cls) == "wrapper":
         labels.append(_label(ref.cls))

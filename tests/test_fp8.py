@@ -620,6 +620,21 @@ def test_scaled_float8_left_as_stored(scaled_state, tmp_path: Path, mode: str) -
         assert same_bits(out.read(), scaled_state[out.name])
 
 
+def test_block_fp8_from_a_safetensors_file(scaled_state, tmp_path: Path) -> None:
+    """A DeepSeek-style file written and read by safetensors itself: F8_E4M3 weights survive
+    and dequantize to the reference (through ``inspector.open`` once a safetensors source
+    exists: see test_block_fp8_dequantized_like_deepseek for the checkpoint-level checks)."""
+    from safetensors.torch import load_file, save_file
+
+    save_file(scaled_state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    loaded = load_file(tmp_path / "model.safetensors")
+    for key in ("model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.experts.gate_up_proj"):
+        weight, scale = loaded[key], loaded[key + "_scale_inv"]
+        assert weight.dtype == torch.float8_e4m3fn
+        want = reference_block_dequant(scaled_state[key], scaled_state[key + "_scale_inv"], 128)
+        assert same_bits(fp8.dequantize(weight, scale), want.bfloat16())
+
+
 def test_block_dequantize_of_plain_tensors() -> None:
     """The public entry point on tensors alone: blocks inferred, or given for other layouts."""
     w, s = block_quantize(torch.randn(300, 200), block=128)

@@ -38,6 +38,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
             "path": str(ck.path),
             "format": ck.format,
             "layout": ck.layout,
+            "source_files": list(ck.source_files),
+            "notes": list(ck.source.notes),
+            "metadata": ck.metadata,
             "entries": [e.as_dict() for e in entries],
         }
         json.dump(payload, sys.stdout, indent=1)

@@ -16,11 +16,16 @@ import pickle
 import pickletools
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
-from inspector.errors import CorruptCheckpointError, UnsafeCheckpointError
+from inspector.errors import (
+    CorruptCheckpointError,
+    InspectorError,
+    UnsafeCheckpointError,
+    UnsupportedError,
+)
 from inspector.gc_pause import paused_gc
 
 # Modules (by top-level package) and names whose only use in a pickle is running code.
@@ -476,8 +481,8 @@ def _numpy_global(module: str, name: str) -> Any:
 class _Unpickler(pickle.Unpickler):
     """Resolves globals through ``resolve``; refuses persistent ids unless a subclass maps them."""
 
-    def __init__(self, data: bytes, file: str, key: str | None) -> None:
-        super().__init__(io.BytesIO(data))
+    def __init__(self, data: bytes | BinaryIO, file: str, key: str | None) -> None:
+        super().__init__(io.BytesIO(data) if isinstance(data, bytes) else data)
         self.file, self.key = file, key
 
     def resolve(self, module: str, name: str) -> Any:
@@ -518,9 +523,10 @@ class _MetadataUnpickler(_Unpickler):
 class _DataUnpickler(_Unpickler):
     """For torch archives' ``data.pkl`` and plain pickled objects."""
 
-    def __init__(self, data: bytes, file: str, key: str | None) -> None:
+    def __init__(self, data: bytes | BinaryIO, file: str, key: str | None) -> None:
         super().__init__(data, file, key)
         self.placeholders: dict[str, type[Opaque]] = {}
+        self.storages: dict[str, StorageRef] = {}
 
     def resolve(self, module: str, name: str) -> Any:
         if module in ("builtins", "__builtin__") and name in _SAFE_BUILTINS:
@@ -541,6 +547,16 @@ class _DataUnpickler(_Unpickler):
         return value
 
     def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module":
+            return pid[1]  # pre-1.6 files name a saved module's class (already a placeholder)
+        if isinstance(pid, tuple) and len(pid) == 6 and pid[0] == "storage":
+            if pid[5] is not None:
+                raise UnsupportedError(
+                    "storage views (files from torch < 1.0) are not supported",
+                    file=self.file,
+                    key=self.key,
+                )
+            pid = pid[:5]
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
         _, storage_type, key, _location, numel = pid
@@ -548,14 +564,16 @@ class _DataUnpickler(_Unpickler):
             raise pickle.UnpicklingError(f"storage type {storage_type!r} is not a torch storage")
         if not isinstance(key, str) or not isinstance(numel, int) or numel < 0:
             raise pickle.UnpicklingError(f"bad storage record {key!r} of {numel!r} elements")
-        return StorageRef(key, storage_type.dtype or torch.uint8, numel)
+        ref = StorageRef(key, storage_type.dtype or torch.uint8, numel)
+        self.storages.setdefault(key, ref)
+        return ref
 
 
 def _run(unpickler: _Unpickler) -> Any:
     try:
         with paused_gc():
             return unpickler.load()
-    except UnsafeCheckpointError:
+    except InspectorError:
         raise
     except RecursionError as exc:
         raise CorruptCheckpointError(
@@ -587,6 +605,34 @@ def load_data_pickle(data: bytes, *, file: str, key: str | None = None) -> Any:
     Tensors come back as TensorRef / SubclassRef descriptions, unknown classes as Opaque.
     """
     return _run(_DataUnpickler(data, file, key))
+
+
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_LEGACY_PROTOCOL = 1001
+
+
+def load_legacy_torch(f: BinaryIO, *, file: str) -> tuple[Any, list[StorageRef]]:
+    """Decode a pre-1.6 (non-zip) torch.save file's pickles, leaving ``f`` at its first storage.
+
+    The file holds five pickles (magic number, format version, system info, the object,
+    the storage keys) and then each storage's bytes; returns the object and the storages
+    in file order.
+    """
+    if _run(_DataUnpickler(f, file, None)) != _LEGACY_MAGIC:
+        raise CorruptCheckpointError("a pickle file, but not one torch.save wrote", file=file)
+    version, sys_info = (_run(_DataUnpickler(f, file, None)) for _ in range(2))
+    if version != _LEGACY_PROTOCOL:
+        raise UnsupportedError(f"legacy torch.save format version {version!r}", file=file)
+    if not isinstance(sys_info, dict) or sys_info.get("little_endian") is not True:
+        raise UnsupportedError("legacy torch.save file from a big-endian machine", file=file)
+    unpickler = _DataUnpickler(f, file, None)
+    value = _run(unpickler)
+    keys = _run(_DataUnpickler(f, file, None))
+    if not isinstance(keys, list) or not all(k in unpickler.storages for k in keys):
+        raise CorruptCheckpointError(
+            "legacy torch.save storage list does not match the object's storages", file=file
+        )
+    return value, [unpickler.storages[k] for k in keys]
 
 
 def referenced_globals(data: bytes) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from inspector.demo import build_demo
+from tests.fixtures import formats
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +39,36 @@ def run_python(code: str, *args: str, block_torchao: bool = False) -> subprocess
     return subprocess.run(
         [sys.executable, "-c", prelude + code, *args], capture_output=True, text=True, timeout=300
     )
+
+
+# --- checkpoints in every format, from the real producers (tests/fixtures/formats.py) ---
+
+
+@pytest.fixture(scope="session")
+def safetensors_written(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``single`` (save_file), ``sharded`` and ``bin-sharded`` (huggingface_hub)."""
+    return formats.write_safetensors(tmp_path_factory.mktemp("safetensors"))
+
+
+@pytest.fixture(scope="session")
+def torch_save_written(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``nested`` training state, ``state_dict`` (pytorch_model.bin), ``legacy`` (pre-1.6)."""
+    return formats.write_torch_save(tmp_path_factory.mktemp("torch_save"))
+
+
+@pytest.fixture(scope="session")
+def dcp_single_written(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One-process DCP saves: ``hf``, ``hf-two-files``, ``distcp-safetensors``."""
+    return formats.write_dcp_single(tmp_path_factory.mktemp("dcp_single"))
+
+
+@pytest.fixture(scope="session")
+def dcp_distributed_written(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two gloo ranks: ``distcp-safetensors``, ``hf-distributed``, ``hf-export``."""
+    return formats.write_dcp_distributed(tmp_path_factory.mktemp("dcp_distributed"))
+
+
+@pytest.fixture(scope="session")
+def dcp_torch_save(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """torch's ``dcp_to_torch_save`` output of each demo checkpoint."""
+    return formats.write_dcp_to_torch_save(demo_dir, tmp_path_factory.mktemp("dcp_to_torch"))

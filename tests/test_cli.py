@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import inspector
+from inspector.cli import main
 
 ENTRY_FIELDS = {
     "key",
@@ -154,3 +157,89 @@ def test_show_names_the_subclass(demo_dir: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "subclass WeightWithDynamicFloat8CastTensor" in result.stdout
     assert "fp8      wrapper -> float8_e4m3fn" in result.stdout
+
+
+LS_FIELDS = {"path", "format", "layout", "source_files", "notes", "metadata", "entries"}
+
+
+@pytest.fixture
+def every_format(
+    demo_dir: Path,
+    torch_save_written: dict,
+    safetensors_written: dict,
+    dcp_single_written: dict,
+    dcp_distributed_written: dict,
+) -> dict[str, tuple[Path, str]]:
+    """One checkpoint per format: ``{label: (path, expected format)}``."""
+    return {
+        "dcp": (demo_dir / "flat", "dcp"),
+        "torch-save": (torch_save_written["nested"].path, "torch-save"),
+        "torch-save-legacy": (torch_save_written["legacy"].path, "torch-save"),
+        "safetensors": (safetensors_written["single"].path, "safetensors"),
+        "hub-sharded": (safetensors_written["sharded"].path, "safetensors-sharded"),
+        "hub-bin": (safetensors_written["bin-sharded"].path, "torch-save"),
+        "dcp-hf": (dcp_single_written["hf"].path, "dcp-safetensors"),
+        "dcp-hf-2proc": (dcp_distributed_written["hf-distributed"].path, "dcp-safetensors"),
+        "distcp-safetensors": (
+            dcp_distributed_written["distcp-safetensors"].path,
+            "dcp-safetensors",
+        ),
+        "hf-export": (dcp_distributed_written["hf-export"].path, "safetensors-sharded"),
+    }
+
+
+def test_ls_every_format(every_format: dict, capsys: pytest.CaptureFixture) -> None:
+    """In-process (the JSON test below runs a real process per format)."""
+    for label, (path, fmt) in every_format.items():
+        assert main(["ls", str(path)]) == 0, label
+        lines = capsys.readouterr().out.splitlines()
+        assert f"format={fmt}" in lines[0], label
+        assert len(lines) == 2 + len(inspector.open(path).keys()), label
+
+
+def test_ls_json_same_shape_for_every_format(every_format: dict) -> None:
+    for label, (path, fmt) in every_format.items():
+        payload = json.loads(cli("ls", str(path), "--json").stdout)
+        assert set(payload) == LS_FIELDS, label
+        assert payload["format"] == fmt, label
+        ck = inspector.open(path)
+        assert payload["source_files"] == list(ck.source_files) and payload["source_files"]
+        assert payload["notes"] and all(isinstance(n, str) for n in payload["notes"])
+        assert all(isinstance(v, str) for v in payload["metadata"].values())
+        assert [e["key"] for e in payload["entries"]] == ck.keys(), label
+        assert all(set(e) == ENTRY_FIELDS for e in payload["entries"]), label
+
+
+def test_ls_json_safetensors_entry(safetensors_written: dict) -> None:
+    payload = json.loads(cli("ls", str(safetensors_written["single"].path), "--json").stdout)
+    entry = next(e for e in payload["entries"] if e["key"] == "zoo.float8_e4m3fn")
+    assert entry == {
+        "key": "zoo.float8_e4m3fn",
+        "component": "model",
+        "kind": "tensor",
+        "dtype": "float8_e4m3fn",
+        "shape": [8, 6],
+        "numel": 48,
+        "nbytes": 48,
+        "chunks": 1,
+        "files": ["zoo.safetensors"],
+        "subclass": None,
+        "fp8": None,
+        "error": None,
+    }
+    assert payload["metadata"] == {"format": "pt", "producer": "tests"}
+
+
+def test_show_from_a_torch_save_file(torch_save_written: dict) -> None:
+    path = torch_save_written["nested"].path
+    result = cli("show", str(path), "optimizer.param_groups.0.betas")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "(0.9, 0.95)"
+
+
+def test_bad_file_error_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "broken.safetensors"
+    path.write_bytes((10**6).to_bytes(8, "little") + b"{")
+    result = cli("ls", str(path))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "broken.safetensors" in result.stderr

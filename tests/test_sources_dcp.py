@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 import inspector
 from inspector.errors import CorruptCheckpointError, NotACheckpointError
 from tests.conftest import run_python
+from tests.fixtures.formats import same
 
 ALL = ("flat", "prefixed", "seed", "fp8")
 
@@ -256,3 +259,76 @@ def test_missing_metadata_file_error_names_it(tmp_path: Path) -> None:
     (tmp_path / "__0.metadata").write_bytes(b"")
     with pytest.raises(CorruptCheckpointError, match=r"__0\.metadata"):
         inspector.open(tmp_path)
+
+
+# --- FileSystemWriter(serialization_format=SAFETENSORS): .distcp files holding safetensors ----
+
+
+def test_safetensors_distcp_one_process(dcp_single_written: dict) -> None:
+    written = dcp_single_written["distcp-safetensors"]
+    ck = inspector.open(written.path)
+    assert ck.format == "dcp-safetensors"
+    assert "serialization_format=SAFETENSORS" in ck.describe_layout()
+    assert set(ck.keys()) == set(written.state)
+    for key, want in written.state.items():
+        if isinstance(want, torch.Tensor):
+            entry = ck.entry(key)
+            assert (entry.dtype, entry.shape, entry.error) == (want.dtype, want.shape, None)
+            assert same(ck.read(key), want), key
+        else:
+            assert ck.read_object(key) == want, key
+    assert ck.entry("train_state.step").nested_path == ("train_state", "step")
+    assert ck.source.chunk_globals(ck.entry("zoo.float32"), 0) == []
+
+
+def test_safetensors_distcp_two_processes(dcp_distributed_written: dict) -> None:
+    written = dcp_distributed_written["distcp-safetensors"]
+    ck = inspector.open(written.path)
+    assert ck.format == "dcp-safetensors"
+    assert set(ck.keys()) == set(written.state)
+    for key, want in written.state.items():
+        if isinstance(want, torch.Tensor):
+            assert same(ck.read(key), want), key
+        else:
+            assert ck.read_object(key) == want, key
+    entry = ck.entry("layers.0.w.weight")
+    assert [(c.offsets, c.sizes, c.file) for c in entry.chunks] == [
+        ((0, 0), (4, 6), "__0_0.distcp"),
+        ((4, 0), (3, 6), "__1_0.distcp"),
+    ]
+    assert ck.layout == "flat"
+
+
+def test_safetensors_distcp_byte_ranges_follow_the_header(dcp_distributed_written: dict) -> None:
+    """Objects come first in a rank's file; tensor bytes sit after the safetensors header."""
+    folder = dcp_distributed_written["distcp-safetensors"].path
+    md = FileSystemReader(str(folder)).read_metadata()
+    ck = inspector.open(folder)
+    entry = ck.entry("layers.0.cols")
+    blob = next(
+        info.offset
+        for index, info in md.storage_data.items()
+        if index.fqn == "layers.0.cols" and info.relative_path == "__0_0.distcp"
+    )
+    assert blob > 0  # the rank's dataloader bytes precede it
+    chunk = entry.chunks[0]
+    with open(folder / "__0_0.distcp", "rb") as f:
+        f.seek(blob)
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+    begin, end = header["layers.0.cols"]["data_offsets"]
+    assert (chunk.byte_offset, chunk.byte_length) == (blob + 8 + header_len + begin, end - begin)
+
+
+def test_safetensors_distcp_truncated(dcp_distributed_written: dict, tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    shutil.copytree(dcp_distributed_written["distcp-safetensors"].path, folder)
+    shard = folder / "__1_0.distcp"
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 4)
+    ck = inspector.open(folder)
+    broken = [e.key for e in ck.entries() if e.error]
+    assert broken and all("truncated" in ck.entry(k).error for k in broken)
+    with pytest.raises(CorruptCheckpointError, match=rf"{broken[0]!r}"):
+        ck.read(broken[0])
+    assert ck.read_object("dataloader.dp_rank_1") == pickle.dumps({"rank": 1})

@@ -1,7 +1,8 @@
-"""torch.save zip archives: find their records, decode ``data.pkl`` safely, read storages.
+"""torch.save files: find their storage records, decode their pickles safely, read storages.
 
-A DCP item and a ``.pt`` file are both such archives; DCP's sit at a byte range inside a
-``.distcp`` file. Only the byte ranges a tensor needs are read, straight into its buffer.
+A DCP item and a ``.pt`` file are both zip archives; DCP's sit at a byte range inside a
+``.distcp`` file. Files from torch < 1.6 use the older flat layout (``LegacyArchive``).
+Only the byte ranges a tensor needs are read, straight into its buffer.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import os
 import struct
 import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -87,7 +89,31 @@ def empty_bytes_view(tensor: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy()).cast("B")
 
 
-class TorchArchive:
+class StoredTensors:
+    """Reading tensors out of a torch.save file's storages; subclasses locate the records."""
+
+    f: BinaryIO
+    path: str
+    key: str | None
+
+    def record(self, storage_key: str) -> Record:
+        raise NotImplementedError
+
+    def read_tensor(self, ref: TensorRef, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Materialise ``ref``; with ``out`` (same shape and dtype, contiguous) read into it."""
+        if ref.storage is None:
+            raise UnsupportedError(
+                "tensor was saved without data (meta tensor)", file=self.path, key=self.key
+            )
+        record = self.record(ref.storage.key) if math.prod(ref.shape) else None
+        return read_storage_tensor(self.f, record, ref, out, file=self.path, key=self.key)
+
+    def materialize(self, value: Any) -> Any:
+        """Replace every TensorRef in ``value`` (containers, subclass attributes) by a tensor."""
+        return materialize(value, self.read_tensor)
+
+
+class TorchArchive(StoredTensors):
     """The torch.save archive stored in bytes ``[offset, offset + length)`` of ``path``."""
 
     def __init__(self, f: BinaryIO, path: str, offset: int, length: int, key: str | None) -> None:
@@ -167,55 +193,85 @@ class TorchArchive:
         start = self.offset + info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
         return Record(name, start, info.file_size)
 
-    def read_tensor(self, ref: TensorRef, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Materialise ``ref``; with ``out`` (same shape and dtype, contiguous) read into it."""
-        if ref.storage is None:
-            raise UnsupportedError(
-                "tensor was saved without data (meta tensor)", file=self.path, key=self.key
-            )
-        numel = math.prod(ref.shape)
-        if numel == 0:
-            return torch.empty(ref.shape, dtype=ref.dtype)
-        extent = 1 + sum((n - 1) * s for n, s in zip(ref.shape, ref.stride, strict=True))
-        itemsize = ref.dtype.itemsize
-        record = self.record(ref.storage.key)
-        if (
-            ref.storage_offset + extent > ref.storage.numel
-            or ref.storage.numel * itemsize > record.size
-        ):
-            raise CorruptCheckpointError(
-                f"tensor {list(ref.shape)} at element {ref.storage_offset} does not fit storage "
-                f"{record.name!r} ({record.size} bytes)",
-                file=self.path,
-                key=self.key,
-            )
-        start = record.start + ref.storage_offset * itemsize
-        contiguous = ref.stride == _contiguous_strides(ref.shape)
-        if contiguous and out is not None and _fits(out, ref):
-            read_exact_into(self.f, start, empty_bytes_view(out), file=self.path, key=self.key)
-            return out
-        buffer = torch.empty(numel if contiguous else extent, dtype=ref.dtype)
-        read_exact_into(self.f, start, empty_bytes_view(buffer), file=self.path, key=self.key)
-        if contiguous:
-            return buffer.view(ref.shape)
-        return buffer.as_strided(ref.shape, ref.stride)
 
-    def materialize(self, value: Any) -> Any:
-        """Replace every TensorRef in ``value`` (containers, subclass attributes) by a tensor."""
-        if isinstance(value, TensorRef):
-            return self.read_tensor(value)
-        if isinstance(value, SubclassRef):
-            attrs = {k: self.materialize(v) for k, v in value.attrs.items()}
-            data = self.read_tensor(value.data) if value.data is not None else None
-            return SubclassRef(value.cls, value.dtype, value.shape, attrs, data)
-        if isinstance(value, dict):
-            copy = value.copy()
-            for k, v in copy.items():
-                copy[k] = self.materialize(v)
-            return copy
-        if type(value) in (list, tuple):
-            return type(value)(self.materialize(v) for v in value)
-        return value
+def check_fits(record: Record, ref: TensorRef, *, file: str, key: str | None) -> None:
+    """The tensor's elements must lie inside its storage, and the storage inside its record."""
+    if ref.storage_offset + _extent(ref) > ref.storage.numel or (
+        ref.storage.numel * ref.dtype.itemsize > record.size
+    ):
+        raise CorruptCheckpointError(
+            f"tensor {list(ref.shape)} at element {ref.storage_offset} does not fit storage "
+            f"{record.name!r} ({record.size} bytes)",
+            file=file,
+            key=key,
+        )
+
+
+def read_storage_tensor(
+    f: BinaryIO,
+    record: Record | None,
+    ref: TensorRef,
+    out: torch.Tensor | None = None,
+    *,
+    file: str,
+    key: str | None,
+) -> torch.Tensor:
+    """Read ``ref``'s elements from ``record`` of ``f`` (``out`` is filled when it fits)."""
+    if not math.prod(ref.shape):
+        return torch.empty(ref.shape, dtype=ref.dtype)
+    if record is None or ref.storage is None:
+        raise UnsupportedError("tensor was saved without data (meta tensor)", file=file, key=key)
+    check_fits(record, ref, file=file, key=key)
+    start = record.start + ref.storage_offset * ref.dtype.itemsize
+    contiguous = ref.stride == _contiguous_strides(ref.shape)
+    if contiguous and out is not None and _fits(out, ref):
+        read_exact_into(f, start, empty_bytes_view(out), file=file, key=key)
+        return out
+    buffer = torch.empty(math.prod(ref.shape) if contiguous else _extent(ref), dtype=ref.dtype)
+    read_exact_into(f, start, empty_bytes_view(buffer), file=file, key=key)
+    if contiguous:
+        return buffer.view(ref.shape)
+    return buffer.as_strided(ref.shape, ref.stride)
+
+
+def materialize(value: Any, read: Callable[[TensorRef], torch.Tensor]) -> Any:
+    """Replace every TensorRef in ``value`` (containers, subclass attributes) by ``read(ref)``."""
+    if isinstance(value, TensorRef):
+        return read(value)
+    if isinstance(value, SubclassRef):
+        attrs = {k: materialize(v, read) for k, v in value.attrs.items()}
+        data = read(value.data) if value.data is not None else None
+        return SubclassRef(value.cls, value.dtype, value.shape, attrs, data)
+    if isinstance(value, dict):
+        copy = value.copy()
+        for k, v in copy.items():
+            copy[k] = materialize(v, read)
+        return copy
+    if type(value) in (list, tuple):
+        return type(value)(materialize(v, read) for v in value)
+    return value
+
+
+def tensor_refs(value: Any) -> Iterator[TensorRef]:
+    """Every TensorRef that ``materialize`` would read, in the same order."""
+    if isinstance(value, TensorRef):
+        yield value
+    elif isinstance(value, SubclassRef):
+        for v in value.attrs.values():
+            yield from tensor_refs(v)
+        if value.data is not None:
+            yield value.data
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from tensor_refs(v)
+    elif type(value) in (list, tuple):
+        for v in value:
+            yield from tensor_refs(v)
+
+
+def _extent(ref: TensorRef) -> int:
+    """Elements spanned from the first to the last one (strides allowed)."""
+    return 1 + sum((n - 1) * s for n, s in zip(ref.shape, ref.stride, strict=True))
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -232,3 +288,58 @@ def _fits(out: torch.Tensor, ref: TensorRef) -> bool:
 
 def is_zip(head: bytes) -> bool:
     return head[:4] == b"PK\x03\x04"
+
+
+def is_legacy_torch(head: bytes) -> bool:
+    """A pickle stream: what torch.save wrote before 1.6 (confirmed by its magic number)."""
+    return head[:1] == b"\x80"
+
+
+def is_tar(head: bytes) -> bool:
+    return head[257:262] == b"ustar"
+
+
+_LENGTH = struct.Struct("<q")
+
+
+class LegacyArchive(StoredTensors):
+    """A pre-1.6 torch.save file: pickles, then each storage as an int64 length and its bytes."""
+
+    def __init__(self, f: BinaryIO, path: str, length: int) -> None:
+        self.f, self.path, self.key = f, path, None
+        f.seek(0)
+        self._value, storages = safe_pickle.load_legacy_torch(f, file=path)
+        self._records: dict[str, Record | str] = {}
+        position = f.tell()
+        for storage in storages:
+            record = self._walk(storage, position, length)
+            self._records[storage.key] = record
+            if isinstance(record, str):
+                break
+            position = record.start + record.size
+
+    def _walk(self, storage: Any, position: int, length: int) -> Record | str:
+        self.f.seek(position)
+        head = self.f.read(_LENGTH.size)
+        if len(head) < _LENGTH.size:
+            return f"storage {storage.key!r} lies past the end of the file (truncated?)"
+        (numel,) = _LENGTH.unpack(head)
+        if numel != storage.numel:
+            return (
+                f"storage {storage.key!r} holds {numel} elements in the file, "
+                f"{storage.numel} in the pickle"
+            )
+        start = position + _LENGTH.size
+        size = numel * storage.dtype.itemsize
+        if start + size > length:
+            return f"storage {storage.key!r} ends at byte {start + size}, past the end of the file"
+        return Record(f"storage {storage.key}", start, size)
+
+    def load(self) -> Any:
+        return self._value
+
+    def record(self, storage_key: str) -> Record:
+        record = self._records.get(storage_key, f"storage {storage_key!r} is not in the file")
+        if isinstance(record, str):
+            raise CorruptCheckpointError(record, file=self.path, key=self.key)
+        return record

@@ -2,10 +2,15 @@
 
 ``.metadata`` (decoded by safe_pickle) lists every key, its global shape and its chunks;
 each chunk is a torch.save archive at a byte range of a ``__<rank>_<n>.distcp`` file.
+With ``serialization_format=SAFETENSORS`` a ``.distcp`` file is instead the rank's
+objects (torch.save archives) followed by one safetensors file holding all its tensor
+chunks; every tensor's storage offset then points at that safetensors header, and the
+real byte ranges come from the header.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from collections.abc import Callable
@@ -16,11 +21,12 @@ from typing import Any, BinaryIO
 import torch
 
 from inspector import safe_pickle
-from inspector.errors import CorruptCheckpointError, UnsupportedError
+from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
 from inspector.model import ChunkInfo, Entry
 from inspector.safe_pickle import SubclassRef, TensorRef
 from inspector.sources.archive import TorchArchive, is_zip
 from inspector.sources.base import ChunkValue, file_sizes, resolve_inside
+from inspector.sources.safetensors_file import looks_like_safetensors, read_header, read_span
 
 METADATA_FILE = ".metadata"
 _ZSTD = "stream.zstd/1"
@@ -62,6 +68,13 @@ class DcpSource:
             else "key names (no planner_data)"
         )
         self._entries = _entries(raw, root, self.metadata_path)
+        self._safetensors = _place_safetensors_chunks(root, self._entries)
+        if self._safetensors:
+            self.format = "dcp-safetensors"
+            self.notes += (
+                ".distcp files hold safetensors data (serialization_format=SAFETENSORS): "
+                "tensor byte ranges taken from their headers",
+            )
         self.source_files = tuple(
             [p.name for p in files] + sorted({f for e in self._entries for f in e.files})
         )
@@ -96,6 +109,9 @@ class DcpSource:
 
     def read_chunk(self, entry: Entry, index: int, out: torch.Tensor | None = None) -> ChunkValue:
         chunk = entry.chunks[index]
+        if chunk.file in self._safetensors:
+            path = resolve_inside(self.root, chunk.file, referrer=self.metadata_path, key=entry.key)
+            return read_span(path, chunk, entry.dtype, out, key=entry.key)
         with self._item(entry, chunk) as (f, offset, length, path):
             archive = self._archive(f, offset, length, path, entry.key)
             value = archive.load()
@@ -137,8 +153,75 @@ class DcpSource:
     def _on_archive(self, entry: Entry, index: int, method: Callable[[TorchArchive], Any]) -> Any:
         """``method`` applied to chunk ``index``'s archive; only its small records are read."""
         chunk = entry.chunks[index]
+        if chunk.file in self._safetensors:
+            return []
         with self._item(entry, chunk) as (f, offset, length, path):
             return method(self._archive(f, offset, length, path, entry.key))
+
+
+def _place_safetensors_chunks(root: Path, entries: list[Entry]) -> set[str]:
+    """For a SAFETENSORS-format save, point tensor chunks at their bytes; return those files.
+
+    Judged by content: the first tensor chunk's bytes start a safetensors header, not a zip.
+    """
+    by_file: dict[str, list[tuple[Entry, int]]] = {}
+    for entry in entries:
+        if entry.kind == "tensor" and not entry.error:
+            for index, chunk in enumerate(entry.chunks):
+                by_file.setdefault(chunk.file, []).append((entry, index))
+    if not by_file or not _safetensors_at(root, *next(iter(by_file.values()))[0]):
+        return set()
+    for name, items in by_file.items():
+        try:
+            header = _blob_header(root, name, {e.chunks[i].byte_offset for e, i in items})
+        except InspectorError as exc:
+            for entry, _ in items:
+                entry.error = entry.error or exc.reason
+            continue
+        for entry, index in items:
+            _place(entry, index, header)
+    return set(by_file)
+
+
+def _safetensors_at(root: Path, entry: Entry, index: int) -> bool:
+    chunk = entry.chunks[index]
+    try:
+        with open(resolve_inside(root, chunk.file, referrer=root, key=entry.key), "rb") as f:
+            f.seek(chunk.byte_offset)
+            return looks_like_safetensors(f.read(9))
+    except (InspectorError, OSError):
+        return False
+
+
+def _blob_header(root: Path, name: str, starts: set[int]) -> Any:
+    path = resolve_inside(root, name, referrer=root, key=None)
+    if len(starts) != 1:
+        raise CorruptCheckpointError(
+            f"tensor chunks of {name} point at {len(starts)} different bytes, "
+            "not at one safetensors header",
+            file=path,
+        )
+    with open(path, "rb") as f:
+        return read_header(f, file=str(path), offset=starts.pop())
+
+
+def _place(entry: Entry, index: int, header: Any) -> None:
+    """Give chunk ``index`` the byte range the safetensors header records for the key."""
+    chunk = entry.chunks[index]
+    span = header.tensors.get(entry.key)
+    if span is None or span.error:
+        entry.error = entry.error or (
+            span.error if span else f"{chunk.file} does not hold this key's chunk"
+        )
+    elif span.dtype != entry.dtype or span.shape != chunk.sizes:
+        entry.error = entry.error or (
+            f"{chunk.file} stores {span.dtype} {list(span.shape)}, "
+            f"metadata says {entry.dtype} {list(chunk.sizes)}"
+        )
+    else:
+        chunks = list(entry.chunks)
+        chunks[index] = dataclasses.replace(chunk, byte_offset=span.start, byte_length=span.length)
+        entry.chunks = tuple(chunks)
 
 
 def _check_shape(shape: tuple[int, ...], chunk: ChunkInfo, entry: Entry, path: str) -> None:

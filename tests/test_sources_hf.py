@@ -295,3 +295,61 @@ def test_distcp_without_metadata(tmp_path: Path) -> None:
     (tmp_path / "__0_0.distcp").write_bytes(b"PK")
     with pytest.raises(NotACheckpointError, match=r"\.distcp files but no \.metadata"):
         inspector.open(tmp_path)
+
+
+def hub_cache(source: Path, cache: Path, repo: str = "models--tiny--llama") -> Path:
+    """Lay ``source``'s files out as the hub cache does: blobs, and a snapshot of links."""
+    blobs, snapshot = cache / repo / "blobs", cache / repo / "snapshots" / "0123abcd"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for file in sorted(source.iterdir()):
+        blob = blobs / f"blob{len(list(blobs.iterdir()))}"
+        shutil.copyfile(file, blob)
+        (snapshot / file.name).symlink_to(Path("..", "..", "blobs", blob.name))
+    return snapshot
+
+
+def test_hub_cache_snapshot(safetensors_written: dict, tmp_path: Path) -> None:
+    written = safetensors_written["sharded"]
+    ck = inspector.open(hub_cache(written.path, tmp_path))
+    assert ck.format == "safetensors-sharded"
+    check_tensors(ck, written.state)
+
+
+def test_hub_cache_link_to_another_repo_refused(safetensors_written: dict, tmp_path: Path) -> None:
+    snapshot = hub_cache(safetensors_written["sharded"].path, tmp_path)
+    other = hub_cache(safetensors_written["sharded"].path, tmp_path, "models--other--repo")
+    shard = snapshot / weight_map(snapshot)["zoo.int8"]
+    shard.unlink()
+    shard.symlink_to((other / shard.name).resolve())
+    ck = inspector.open(snapshot)
+    assert "outside the checkpoint folder" in ck.entry("zoo.int8").error
+
+
+def test_safetensors_index_preferred_over_bin_index(
+    safetensors_written: dict, tmp_path: Path
+) -> None:
+    folder = tmp_path / "both"
+    shutil.copytree(safetensors_written["sharded"].path, folder)
+    for file in safetensors_written["bin-sharded"].path.iterdir():
+        shutil.copyfile(file, folder / file.name)
+    ck = inspector.open(folder)
+    assert ck.format == "safetensors-sharded"
+    notes = ck.describe_layout()
+    assert "also found pytorch_model.bin.index.json (ignored)" in notes
+    assert "also found pytorch_model-00001-of-00005.bin (ignored)" in notes
+    assert not any(f.endswith(".bin") for f in ck.source_files)
+
+
+def test_malformed_sharding_info(dcp_distributed_written: dict, tmp_path: Path) -> None:
+    folder = copy(dcp_distributed_written["hf-distributed"].path, tmp_path)
+    shard = folder / "shard-00002-model-00001-of-00001.safetensors"
+    edit_header(shard, lambda h: h["__metadata__"].update(DCP_SHARDING_INFO="{oops"))
+    intact = inspector.open(dcp_distributed_written["hf-distributed"].path)
+    ck = inspector.open(folder)
+    for entry in ck.entries():
+        touched = shard.name in intact.entry(entry.key).files
+        assert (entry.error is not None) == touched, entry.key
+        assert not touched or f"{shard.name} gives no saved_offsets" in entry.error
+    alone = inspector.open(shard)
+    assert "DCP_SHARDING_INFO is malformed" in alone.describe_layout()

@@ -27,6 +27,7 @@ class Source(Protocol):
     source_files: tuple[str, ...]
     notes: tuple[str, ...]
     metadata: dict[str, str]
+    nesting: str  # where entries' nested paths come from (shown with the layout)
 
     def entries(self) -> list[Entry]:
         """Every stored value, in stored order, with ``nested_path`` filled in where known."""
@@ -55,7 +56,11 @@ class Source(Protocol):
 def resolve_inside(
     root: Path, relative: Any, *, referrer: str | os.PathLike, key: str | None
 ) -> Path:
-    """``root / relative``, refusing absolute paths, ``..`` and symlinks that lead outside."""
+    """``root / relative``, refusing absolute paths, ``..`` and symlinks that lead outside.
+
+    One kind of outside link is genuine: in a Hugging Face hub cache, a snapshot's files
+    link to the same repository's ``blobs/`` folder; those are followed.
+    """
     if not isinstance(relative, str) or not relative or "\x00" in relative:
         raise CorruptCheckpointError(f"bad file name {relative!r}", file=referrer, key=key)
     parts = PurePosixPath(relative.replace("\\", "/"))
@@ -66,13 +71,23 @@ def resolve_inside(
     path = root / parts
     real_root = root.resolve()
     real = path.resolve()
-    if real != real_root and real_root not in real.parents:
+    if real != real_root and real_root not in real.parents and real.parent != _hub_blobs(root):
         raise UnsafeCheckpointError(
             f"{relative!r} is a link to {real}, outside the checkpoint folder",
             file=referrer,
             key=key,
         )
     return path
+
+
+def _hub_blobs(root: Path) -> Path | None:
+    """``<repo>/blobs`` (resolved) when ``root`` lies in ``<repo>/snapshots/<revision>``."""
+    here = root.absolute()
+    for folder in (here, *here.parents):
+        blobs = folder.parent.parent / "blobs"
+        if folder.parent.name == "snapshots" and blobs.is_dir():
+            return blobs.resolve()
+    return None
 
 
 def file_sizes(root: Path, names: set[str], *, referrer: str | os.PathLike) -> dict[str, int | str]:

@@ -164,13 +164,13 @@ def _place_safetensors_chunks(root: Path, entries: list[Entry]) -> set[str]:
 
     Judged by content: the first tensor chunk's bytes start a safetensors header, not a zip.
     """
-    by_file: dict[str, list[tuple[Entry, int]]] = {}
-    for entry in entries:
-        if entry.kind == "tensor" and not entry.error:
-            for index, chunk in enumerate(entry.chunks):
-                by_file.setdefault(chunk.file, []).append((entry, index))
-    if not by_file or not _safetensors_at(root, *next(iter(by_file.values()))[0]):
+    tensors = [e for e in entries if e.kind == "tensor" and e.chunks and not e.error]
+    if not tensors or not _safetensors_at(root, tensors[0].chunks[0]):
         return set()
+    by_file: dict[str, list[tuple[Entry, int]]] = {}
+    for entry in tensors:
+        for index, chunk in enumerate(entry.chunks):
+            by_file.setdefault(chunk.file, []).append((entry, index))
     for name, items in by_file.items():
         try:
             header = _blob_header(root, name, {e.chunks[i].byte_offset for e, i in items})
@@ -183,10 +183,9 @@ def _place_safetensors_chunks(root: Path, entries: list[Entry]) -> set[str]:
     return set(by_file)
 
 
-def _safetensors_at(root: Path, entry: Entry, index: int) -> bool:
-    chunk = entry.chunks[index]
+def _safetensors_at(root: Path, chunk: ChunkInfo) -> bool:
     try:
-        with open(resolve_inside(root, chunk.file, referrer=root, key=entry.key), "rb") as f:
+        with open(resolve_inside(root, chunk.file, referrer=root, key=None), "rb") as f:
             f.seek(chunk.byte_offset)
             return looks_like_safetensors(f.read(9))
     except (InspectorError, OSError):

@@ -36,7 +36,7 @@ def open_folder(root: Path) -> Source:
     leftover = _leftover_shards(root)
     if st_index or pt_index or tensors or pickles:
         source, used = _pick(root, st_index, pt_index, tensors, pickles)
-        ignored = [n for n in [*st_index[1:], *pt_index[1:], *tensors, *pickles] if n not in used]
+        ignored = [n for n in [*st_index, *pt_index, *tensors, *pickles] if n not in used]
         notes = [f"also found {n} (ignored)" for n in ignored]
         if leftover:
             notes.append(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,9 +22,15 @@ from inspector.errors import (
     NotACheckpointError,
 )
 from inspector.model import ChunkInfo, Entry
-from inspector.sources.base import ChunkValue, Source, resolve_inside
+from inspector.sources.base import ChunkValue, resolve_inside
 from inspector.sources.safetensors_file import SHARDING_KEY
 from inspector.sources.sniff import open_file
+
+if TYPE_CHECKING:
+    from inspector.sources.safetensors_file import SafetensorsSource
+    from inspector.sources.torch_save import TorchSaveSource
+
+    Shard = SafetensorsSource | TorchSaveSource
 
 MAX_INDEX_BYTES = 1 << 28
 Piece = tuple[str, Entry]
@@ -42,7 +48,7 @@ class ShardedSource:
         self.shard_names = tuple(names)
         self._shards = {name: _open_shard(root, name, referrer) for name in names}
         opened = {n: s for n, s in self._shards.items() if not isinstance(s, str)}
-        self.dcp = any(getattr(s, "offsets", None) is not None for s in opened.values())
+        self.dcp = any(s.offsets is not None for s in opened.values())
         pieces, extras = _pieces(weight_map, self._shards)
         self._entries = [self._merge(key, p) for key, p in pieces.items()]
         self._pieces = {key: p for key, p in pieces.items() if not isinstance(p, str)}
@@ -52,7 +58,7 @@ class ShardedSource:
         self.source_files = (*([index.name] if index else []), *opened)
         self.notes = self._notes(index, opened, names, extras)
 
-    def _format(self, opened: dict[str, Source], names: list[str]) -> str:
+    def _format(self, opened: dict[str, Shard], names: list[str]) -> str:
         if self.dcp:
             return "dcp-safetensors"
         formats = {s.format for s in opened.values()} or {
@@ -114,7 +120,7 @@ class ShardedSource:
     def entries(self) -> list[Entry]:
         return self._entries
 
-    def _piece(self, entry: Entry, index: int) -> tuple[Source, Entry]:
+    def _piece(self, entry: Entry, index: int) -> tuple[Shard, Entry]:
         name, sub = self._pieces[entry.key][index]
         return self._shards[name], sub
 
@@ -156,7 +162,7 @@ def _read_index(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     }
 
 
-def _open_shard(root: Path, name: str, referrer: Path) -> Source | str:
+def _open_shard(root: Path, name: str, referrer: Path) -> Shard | str:
     """The shard's reader, or why it cannot be used (missing, outside the folder, damaged)."""
     try:
         path = resolve_inside(root, name, referrer=referrer, key=None)
@@ -170,7 +176,7 @@ def _open_shard(root: Path, name: str, referrer: Path) -> Source | str:
 
 
 def _pieces(
-    weight_map: dict[str, Any] | None, shards: dict[str, Source | str]
+    weight_map: dict[str, Any] | None, shards: dict[str, Shard | str]
 ) -> tuple[dict[str, list[Piece] | str], list[str]]:
     """Each key's stored pieces (or why it has none), and keys in shards but not in the index."""
     pieces: dict[str, list[Piece] | str] = {}

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inspector.errors import NotACheckpointError
 from inspector.sources.archive import is_legacy_torch, is_tar, is_zip
-from inspector.sources.base import Source
 from inspector.sources.safetensors_file import looks_like_safetensors
+
+if TYPE_CHECKING:
+    from inspector.sources.safetensors_file import SafetensorsSource
+    from inspector.sources.torch_save import TorchSaveSource
 
 _HEAD_BYTES = 512
 
@@ -25,7 +29,7 @@ def file_kind(path: Path) -> str | None:
     return None
 
 
-def open_file(path: Path, name: str | None = None) -> Source:
+def open_file(path: Path, name: str | None = None) -> SafetensorsSource | TorchSaveSource:
     """The reader for one checkpoint file (``name``: how to show it, relative to its folder)."""
     from inspector.sources.safetensors_file import SafetensorsSource
     from inspector.sources.torch_save import TorchSaveSource

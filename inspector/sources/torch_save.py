@@ -43,6 +43,7 @@ class TorchSaveSource:
 
     format = "torch-save"
     nesting = "torch.save dict nesting"
+    offsets = None  # never DCP chunks (see SafetensorsSource.offsets)
 
     def __init__(self, path: Path, name: str | None = None) -> None:
         self.root = path

@@ -1,0 +1,178 @@
+"""Open and read .pt and HF-sharded safetensors: inspector vs the producers' own readers.
+
+Many small tensors (a Llama-shaped state dict, 126 layers, 1,137 tensors, dims shrunk)
+measure per-tensor overhead; four 32 MB tensors measure bandwidth. Each is written with
+``torch.save`` and ``huggingface_hub.save_torch_state_dict`` and timed, interleaved,
+median of five rounds:
+
+- open: ``inspector.open(path).table()`` vs ``torch.load(mmap=True, weights_only=True)``
+  (it too only decodes the pickle and maps the file), and vs ``safe_open`` of every shard
+  listing each tensor's dtype and shape.
+- read everything: ``ck.read`` of every key vs ``torch.load`` and vs ``load_file`` of
+  every shard with each tensor copied into memory.
+
+Goals in GOALS.  Run: ``.venv/bin/python benchmarks/open_formats.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas  # noqa: F401  (imported up front: the table's one-off import is not per-open work)
+import torch
+from huggingface_hub import save_torch_state_dict
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+import inspector
+
+LAYERS, DIM, FFN, VOCAB = 126, 64, 160, 512
+# Python parses and checks every header entry where safetensors does it in Rust (~10 us a
+# tensor here), hence the looser goal for opening shards; bandwidth must match.
+GOALS = {
+    "open": 1.0,
+    "open sharded": 8.0,
+    "read": 1.0,
+    "read sharded": 2.5,
+    "read large": 1.2,
+    "read large sharded": 1.2,
+}
+
+
+def state_dict() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    shapes = {"tok_embeddings.weight": (VOCAB, DIM)}
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "attention.wq.weight": (DIM, DIM),
+            p + "attention.wk.weight": (DIM // 4, DIM),
+            p + "attention.wv.weight": (DIM // 4, DIM),
+            p + "attention.wo.weight": (DIM, DIM),
+            p + "feed_forward.w1.weight": (FFN, DIM),
+            p + "feed_forward.w2.weight": (DIM, FFN),
+            p + "feed_forward.w3.weight": (FFN, DIM),
+            p + "attention_norm.weight": (DIM,),
+            p + "ffn_norm.weight": (DIM,),
+        }
+    shapes |= {"norm.weight": (DIM,), "output.weight": (VOCAB, DIM)}
+    return {k: torch.randn(s, generator=g).bfloat16() for k, s in shapes.items()}
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def shard_listing(folder: Path) -> None:
+    for shard in sorted(folder.glob("*.safetensors")):
+        with safe_open(shard, framework="pt") as f:
+            for key in f.keys():
+                piece = f.get_slice(key)
+                piece.get_dtype(), piece.get_shape()
+
+
+def load_into_memory(folder: Path) -> None:
+    """``load_file`` maps the file; copying each tensor makes it read the bytes, as we do."""
+    for shard in sorted(folder.glob("*.safetensors")):
+        for tensor in load_file(shard).values():
+            tensor.clone()
+
+
+def read_all(path: Path) -> None:
+    ck = inspector.open(path)
+    for key in ck.keys():
+        ck.read(key)
+
+
+def compare(label: str, ours, theirs, rounds: int) -> float:
+    mine, ref = [], []
+    for _ in range(rounds):
+        ref.append(timed(theirs))
+        mine.append(timed(ours))
+    o, t = statistics.median(mine), statistics.median(ref)
+    print(
+        f"{label:<40} inspector {o * 1e3:8.1f} ms  reference {t * 1e3:8.1f} ms  ratio {o / t:.2f}"
+    )
+    return o / t
+
+
+def write(state: dict[str, torch.Tensor], folder: Path, shards: int) -> tuple[Path, Path]:
+    pt, hf = folder / "model.pt", folder / "hf"
+    torch.save(state, pt)
+    hf.mkdir()
+    size = sum(t.nbytes for t in state.values())
+    save_torch_state_dict(state, hf, max_shard_size=size // shards + 1)
+    print(
+        f"{len(state)} tensors, {size / 1e6:.1f} MB, {len(list(hf.glob('*.safetensors')))} shards"
+    )
+    return pt, hf
+
+
+def many_small(folder: Path, rounds: int) -> dict[str, float]:
+    """Per-tensor overhead: opening and reading 1,137 small tensors."""
+    pt, hf = write(state_dict(), folder, shards=8)
+    return {
+        "open": compare(
+            "open .pt (vs torch.load mmap)",
+            lambda: inspector.open(pt).table(),
+            lambda: torch.load(pt, mmap=True, weights_only=True),
+            rounds,
+        ),
+        "open sharded": compare(
+            "open HF sharded (vs safe_open listing)",
+            lambda: inspector.open(hf).table(),
+            lambda: shard_listing(hf),
+            rounds,
+        ),
+        "read": compare(
+            "read all .pt (vs torch.load)",
+            lambda: read_all(pt),
+            lambda: torch.load(pt, weights_only=True),
+            rounds,
+        ),
+        "read sharded": compare(
+            "read all HF sharded (vs load_file)",
+            lambda: read_all(hf),
+            lambda: load_into_memory(hf),
+            rounds,
+        ),
+    }
+
+
+def few_large(folder: Path, rounds: int) -> dict[str, float]:
+    """Bandwidth: reading 4 tensors of 32 MB each."""
+    g = torch.Generator().manual_seed(1)
+    pt, hf = write({f"w{i}": torch.randn(4096, 2048, generator=g) for i in range(4)}, folder, 2)
+    return {
+        "read large": compare(
+            "read large .pt (vs torch.load)",
+            lambda: read_all(pt),
+            lambda: torch.load(pt, weights_only=True),
+            rounds,
+        ),
+        "read large sharded": compare(
+            "read large HF sharded (vs load_file)",
+            lambda: read_all(hf),
+            lambda: load_into_memory(hf),
+            rounds,
+        ),
+    }
+
+
+def main(rounds: int = 5) -> bool:
+    with tempfile.TemporaryDirectory() as small, tempfile.TemporaryDirectory() as large:
+        ratios = many_small(Path(small), rounds) | few_large(Path(large), rounds)
+    missed = [k for k, r in ratios.items() if r > GOALS[k]]
+    print("goals:", ", ".join(f"{k} <= {g}" for k, g in GOALS.items()))
+    print("all goals met" if not missed else f"MISSED: {', '.join(missed)}")
+    return not missed
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

@@ -33,22 +33,25 @@ import inspector
 RANKS, DIM, FFN, VOCAB, LAYERS, KV = 64, 16384, 53248, 128256, 126, 1024
 
 
-def parameter_shapes() -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (VOCAB, DIM)}
-    for i in range(LAYERS):
+def parameter_shapes(
+    dim: int = DIM, ffn: int = FFN, vocab: int = VOCAB, layers: int = LAYERS, kv: int = KV
+) -> dict[str, tuple[int, ...]]:
+    """torchtitan Llama parameter names and shapes (405B by default)."""
+    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (vocab, dim)}
+    for i in range(layers):
         p = f"layers.{i}."
         shapes |= {
-            p + "attention.wq.weight": (DIM, DIM),
-            p + "attention.wk.weight": (KV, DIM),
-            p + "attention.wv.weight": (KV, DIM),
-            p + "attention.wo.weight": (DIM, DIM),
-            p + "feed_forward.w1.weight": (FFN, DIM),
-            p + "feed_forward.w2.weight": (DIM, FFN),
-            p + "feed_forward.w3.weight": (FFN, DIM),
-            p + "attention_norm.weight": (DIM,),
-            p + "ffn_norm.weight": (DIM,),
+            p + "attention.wq.weight": (dim, dim),
+            p + "attention.wk.weight": (kv, dim),
+            p + "attention.wv.weight": (kv, dim),
+            p + "attention.wo.weight": (dim, dim),
+            p + "feed_forward.w1.weight": (ffn, dim),
+            p + "feed_forward.w2.weight": (dim, ffn),
+            p + "feed_forward.w3.weight": (ffn, dim),
+            p + "attention_norm.weight": (dim,),
+            p + "ffn_norm.weight": (dim,),
         }
-    return shapes | {"norm.weight": (DIM,), "output.weight": (VOCAB, DIM)}
+    return shapes | {"norm.weight": (dim,), "output.weight": (vocab, dim)}
 
 
 def build_metadata(folder: Path) -> tuple[int, int]:

@@ -621,18 +621,19 @@ def test_scaled_float8_left_as_stored(scaled_state, tmp_path: Path, mode: str) -
 
 
 def test_block_fp8_from_a_safetensors_file(scaled_state, tmp_path: Path) -> None:
-    """A DeepSeek-style file written and read by safetensors itself: F8_E4M3 weights survive
-    and dequantize to the reference (through ``inspector.open`` once a safetensors source
-    exists: see test_block_fp8_dequantized_like_deepseek for the checkpoint-level checks)."""
-    from safetensors.torch import load_file, save_file
+    """A DeepSeek-style file written by safetensors itself dequantizes through
+    ``inspector.open`` exactly as the DCP copy does (test_block_fp8_dequantized_like_deepseek)."""
+    from safetensors.torch import save_file
 
     save_file(scaled_state, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    loaded = load_file(tmp_path / "model.safetensors")
+    ck = inspector.open(tmp_path / "model.safetensors")
+    assert ck.entry("model.layers.0.mlp.down_proj.weight").dtype == torch.float8_e4m3fn
+    outputs, _ = fp8.plan(ck, ck.keys(), mode="dequantize", dtype=torch.bfloat16)
+    got = {o.name: o for o in outputs}
     for key in ("model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.experts.gate_up_proj"):
-        weight, scale = loaded[key], loaded[key + "_scale_inv"]
-        assert weight.dtype == torch.float8_e4m3fn
+        assert got[key].conversion == "float8_e4m3fn block 128x128 -> bfloat16"
         want = reference_block_dequant(scaled_state[key], scaled_state[key + "_scale_inv"], 128)
-        assert same_bits(fp8.dequantize(weight, scale), want.bfloat16())
+        assert same_bits(got[key].read(), want.bfloat16()), key
 
 
 def test_block_dequantize_of_plain_tensors() -> None:

@@ -173,13 +173,20 @@ def fp8_written(tmp_path_factory: pytest.TempPathFactory):
     return write_fp8_wrapper(tmp_path_factory.mktemp("fp8_pt"))
 
 
-def test_fp8_wrapper_entries(fp8_written) -> None:
+def test_fp8_wrapper_entries(fp8_written, demo_dir: Path) -> None:
     ck = inspector.open(fp8_written.path)
     entry = ck.entry("layers.0.attention.wq.weight")
-    assert entry.subclass == WRAPPER
     assert WRAPPER in ck.source.chunk_globals(entry, 0)
     assert ck.source.chunk_globals(ck.entry("output.weight"), 0) == []
-    assert ck.entry("output.weight").subclass is None
+    ck.scan(progress=False)
+    dcp = inspector.open(demo_dir / "fp8")
+    dcp.scan(progress=False)
+    for key in ("layers.0.attention.wq.weight", "output.weight"):
+        assert (ck.entry(key).subclass, ck.entry(key).fp8) == (
+            dcp.entry(key).subclass,
+            dcp.entry(key).fp8,
+        )
+    assert entry.subclass == "WeightWithDynamicFloat8CastTensor"
     for key, want in fp8_written.state.items():
         plain = want._tensor if hasattr(want, "_tensor") else want
         assert same(ck.read(key), plain.detach()), key
@@ -189,6 +196,7 @@ def test_fp8_wrapper_reads_without_torchao(fp8_written) -> None:
     code = (
         "import json, sys, inspector\n"
         "ck = inspector.open(sys.argv[1])\n"
+        "ck.scan(progress=False)\n"
         "t = ck.read('layers.1.feed_forward.w1.weight')\n"
         "print(json.dumps({'type': type(t).__name__, 'sum': float(t.double().sum()),"
         " 'subclass': ck.entry('layers.1.feed_forward.w1.weight').subclass,"
@@ -201,7 +209,7 @@ def test_fp8_wrapper_reads_without_torchao(fp8_written) -> None:
     assert out == {
         "type": "Tensor",
         "sum": float(want.double().sum()),
-        "subclass": WRAPPER,
+        "subclass": "WeightWithDynamicFloat8CastTensor",
         "torchao": False,
     }
 

@@ -223,7 +223,7 @@ def read_storage_tensor(
         raise UnsupportedError("tensor was saved without data (meta tensor)", file=file, key=key)
     check_fits(record, ref, file=file, key=key)
     start = record.start + ref.storage_offset * ref.dtype.itemsize
-    contiguous = ref.stride == _contiguous_strides(ref.shape)
+    contiguous = ref.stride == contiguous_strides(ref.shape)
     if contiguous and out is not None and _fits(out, ref):
         read_exact_into(f, start, empty_bytes_view(out), file=file, key=key)
         return out
@@ -274,7 +274,7 @@ def _extent(ref: TensorRef) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(ref.shape, ref.stride, strict=True))
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, step = [], 1
     for n in reversed(shape):
         strides.append(step)

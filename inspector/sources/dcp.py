@@ -26,7 +26,12 @@ from inspector.model import ChunkInfo, Entry
 from inspector.safe_pickle import SubclassRef, TensorRef
 from inspector.sources.archive import TorchArchive, is_zip
 from inspector.sources.base import ChunkValue, file_sizes, resolve_inside
-from inspector.sources.safetensors_file import looks_like_safetensors, read_header, read_span
+from inspector.sources.safetensors_file import (
+    looks_like_safetensors,
+    plain_description,
+    read_header,
+    read_span,
+)
 
 METADATA_FILE = ".metadata"
 _ZSTD = "stream.zstd/1"
@@ -145,16 +150,18 @@ class DcpSource:
             return archive.materialize(archive.load())
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
+        if entry.chunks[index].file in self._safetensors:
+            return []
         return self._on_archive(entry, index, TorchArchive.pickle_globals)
 
     def describe_chunk(self, entry: Entry, index: int) -> TensorRef | SubclassRef:
+        if entry.chunks[index].file in self._safetensors:
+            return plain_description(entry, index)
         return self._on_archive(entry, index, TorchArchive.load)
 
     def _on_archive(self, entry: Entry, index: int, method: Callable[[TorchArchive], Any]) -> Any:
         """``method`` applied to chunk ``index``'s archive; only its small records are read."""
         chunk = entry.chunks[index]
-        if chunk.file in self._safetensors:
-            return []
         with self._item(entry, chunk) as (f, offset, length, path):
             return method(self._archive(f, offset, length, path, entry.key))
 

@@ -20,7 +20,8 @@ import torch
 
 from inspector.errors import CorruptCheckpointError, UnsupportedError
 from inspector.model import ChunkInfo, Entry
-from inspector.sources.archive import empty_bytes_view, read_exact_into
+from inspector.safe_pickle import TensorRef
+from inspector.sources.archive import contiguous_strides, empty_bytes_view, read_exact_into
 from inspector.sources.base import ChunkValue
 
 MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
@@ -204,6 +205,12 @@ def read_span(
     return out
 
 
+def plain_description(entry: Entry, index: int) -> TensorRef:
+    """What a safetensors chunk is: always a plain contiguous tensor (no pickle, no subclass)."""
+    sizes = entry.chunks[index].sizes
+    return TensorRef(None, 0, sizes, contiguous_strides(sizes), entry.dtype)
+
+
 def saved_offsets(metadata: dict[str, str], *, file: str) -> dict[str, tuple[int, ...]] | None:
     """Each tensor's offset in the whole tensor, from DCP's ``DCP_SHARDING_INFO`` (if any)."""
     if SHARDING_KEY not in metadata:
@@ -265,3 +272,6 @@ class SafetensorsSource:
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         return []
+
+    def describe_chunk(self, entry: Entry, index: int) -> TensorRef:
+        return plain_description(entry, index)

@@ -22,6 +22,7 @@ from inspector.errors import (
     NotACheckpointError,
 )
 from inspector.model import ChunkInfo, Entry
+from inspector.safe_pickle import SubclassRef, TensorRef
 from inspector.sources.base import ChunkValue, resolve_inside
 from inspector.sources.safetensors_file import SHARDING_KEY
 from inspector.sources.sniff import open_file
@@ -135,6 +136,10 @@ class ShardedSource:
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         shard, sub = self._piece(entry, index)
         return shard.chunk_globals(sub, 0)
+
+    def describe_chunk(self, entry: Entry, index: int) -> TensorRef | SubclassRef:
+        shard, sub = self._piece(entry, index)
+        return shard.describe_chunk(sub, 0)
 
 
 def _extent(chunks: list[ChunkInfo]) -> tuple[int, ...]:

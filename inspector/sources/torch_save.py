@@ -70,8 +70,6 @@ class TorchSaveSource:
         if not isinstance(leaf, (TensorRef, SubclassRef)):
             return Entry(key, "object", nested_path=path, error=problems[0] if problems else None)
         entry = Entry(key, "tensor", dtype=leaf.dtype, shape=leaf.shape, nested_path=path)
-        if isinstance(leaf, SubclassRef):
-            entry.subclass = leaf.cls
         entry.error = problems[0] if problems else None
         if entry.error is None:
             entry.chunks = (self._chunk(leaf),)
@@ -128,6 +126,10 @@ class TorchSaveSource:
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         """Classes the value's pickle names beyond plain tensors and containers."""
         return class_names(self._leaves[entry.key][1])
+
+    def describe_chunk(self, entry: Entry, index: int) -> TensorRef | SubclassRef:
+        """The decoded leaf itself (tensor bytes not read)."""
+        return self._leaves[entry.key][1]
 
 
 def _archive(f: BinaryIO, path: Path) -> tuple[StoredTensors, str]:

@@ -101,11 +101,8 @@ class StoredTensors:
 
     def read_tensor(self, ref: TensorRef, out: torch.Tensor | None = None) -> torch.Tensor:
         """Materialise ``ref``; with ``out`` (same shape and dtype, contiguous) read into it."""
-        if ref.storage is None:
-            raise UnsupportedError(
-                "tensor was saved without data (meta tensor)", file=self.path, key=self.key
-            )
-        record = self.record(ref.storage.key) if math.prod(ref.shape) else None
+        needed = ref.storage is not None and math.prod(ref.shape)
+        record = self.record(ref.storage.key) if needed else None
         return read_storage_tensor(self.f, record, ref, out, file=self.path, key=self.key)
 
     def materialize(self, value: Any) -> Any:

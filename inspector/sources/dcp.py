@@ -27,6 +27,7 @@ from inspector.safe_pickle import SubclassRef, TensorRef
 from inspector.sources.archive import TorchArchive, is_zip
 from inspector.sources.base import ChunkValue, file_sizes, resolve_inside
 from inspector.sources.safetensors_file import (
+    Header,
     looks_like_safetensors,
     plain_description,
     read_header,
@@ -199,7 +200,7 @@ def _safetensors_at(root: Path, chunk: ChunkInfo) -> bool:
         return False
 
 
-def _blob_header(root: Path, name: str, starts: set[int]) -> Any:
+def _blob_header(root: Path, name: str, starts: set[int]) -> Header:
     path = resolve_inside(root, name, referrer=root, key=None)
     if len(starts) != 1:
         raise CorruptCheckpointError(
@@ -211,7 +212,7 @@ def _blob_header(root: Path, name: str, starts: set[int]) -> Any:
         return read_header(f, file=str(path), offset=starts.pop())
 
 
-def _place(entry: Entry, index: int, header: Any) -> None:
+def _place(entry: Entry, index: int, header: Header) -> None:
     """Give chunk ``index`` the byte range the safetensors header records for the key."""
     chunk = entry.chunks[index]
     span = header.tensors.get(entry.key)

@@ -332,3 +332,8 @@ def test_safetensors_distcp_truncated(dcp_distributed_written: dict, tmp_path: P
     with pytest.raises(CorruptCheckpointError, match=rf"{broken[0]!r}"):
         ck.read(broken[0])
     assert ck.read_object("dataloader.dp_rank_1") == pickle.dumps({"rank": 1})
+
+
+def test_metadata_file_opens_its_folder(demo_dir: Path) -> None:
+    ck = inspector.open(demo_dir / "seed" / ".metadata")
+    assert ck.path == demo_dir / "seed" and ck.keys() == inspector.open(demo_dir / "seed").keys()

@@ -38,3 +38,12 @@ def run_python(code: str, *args: str, block_torchao: bool = False) -> subprocess
     return subprocess.run(
         [sys.executable, "-c", prelude + code, *args], capture_output=True, text=True, timeout=300
     )
+
+
+# --- checkpoints saved in this process (keys, tree and doctor tests) ------------------------
+def save_dcp(state: dict, path: Path, **save_kwargs) -> Path:
+    """``dcp.save`` of ``state`` to ``path`` from this one process, without collectives."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(path), no_dist=True, **save_kwargs)
+    return path

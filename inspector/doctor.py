@@ -86,7 +86,7 @@ class KeyMismatch:
         }
 
 
-@dataclass
+@dataclass(repr=False)
 class KeyReport:
     """Checkpoint keys vs model keys: matched, missing, unexpected, shape and dtype mismatches.
 
@@ -131,6 +131,15 @@ class KeyReport:
             if a is not None and b is not None and a != b:
                 found.append(KeyMismatch(ours, theirs, a, b))
         return found
+
+    def __repr__(self) -> str:
+        best = f"; best rewrite: {self.best.description}" if self.best else ""
+        return (
+            f"<KeyReport {'ok' if self.ok else 'mismatch'} ({self.spelling} spelling): "
+            f"{len(self.pairs)} matched, {len(self.missing)} missing, "
+            f"{len(self.unexpected)} unexpected, {len(self.shape_mismatches)} shape and "
+            f"{len(self.dtype_mismatches)} dtype mismatches{best}>"
+        )
 
     # --- verdicts ---------------------------------------------------------------------------
     @property

@@ -87,6 +87,10 @@ def test_prefixed_is_fixed_by_stripping_model(demo_dir: Path) -> None:
     assert_fixed_by(report, "strip 'model.'")
     assert report.suggestions[0].resolves == 42
     assert report.mapping() == {f"model.{k}": k for k in MODEL_KEYS}
+    assert repr(report) == (
+        "<KeyReport mismatch (stored spelling): 0 matched, 21 missing, 21 unexpected, "
+        "0 shape and 0 dtype mismatches; best rewrite: strip 'model.'>"
+    )
     model = build_model(seed=7)
     load_renamed(report, ck, model)
     assert torch.equal(model.norm.weight, ck.read("model.norm.weight"))

@@ -22,7 +22,8 @@ def _dtype(entry) -> str:
 def expected_totals(entries) -> dict[str, Totals]:
     out: dict[str, Totals] = {}
     for e in entries:
-        out[_dtype(e)] = out.get(_dtype(e), Totals()) + Totals(1, e.numel, e.nbytes)
+        count, numel, nbytes = out.get(_dtype(e), Totals())
+        out[_dtype(e)] = Totals(count + 1, numel + e.numel, nbytes + e.nbytes)
     return out
 
 

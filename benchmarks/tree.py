@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 import inspector
+from inspector.demo.model import TinyLlama, TinyLlamaConfig
 from inspector.tree import KeyNode
 
 LAYERS, DIM, FFN, VOCAB = 2222, 64, 256, 1000
@@ -45,21 +46,10 @@ LARGEST = {"stored": "model.layers", "flattened": "layers", "prefixed": "model.l
 
 
 def parameter_shapes() -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (VOCAB, DIM)}
-    for i in range(LAYERS):
-        p = f"layers.{i}."
-        shapes |= {
-            p + "attention.wq.weight": (DIM, DIM),
-            p + "attention.wk.weight": (DIM, DIM),
-            p + "attention.wv.weight": (DIM, DIM),
-            p + "attention.wo.weight": (DIM, DIM),
-            p + "feed_forward.w1.weight": (FFN, DIM),
-            p + "feed_forward.w2.weight": (DIM, FFN),
-            p + "feed_forward.w3.weight": (FFN, DIM),
-            p + "attention_norm.weight": (DIM,),
-            p + "ffn_norm.weight": (DIM,),
-        }
-    return shapes | {"norm.weight": (DIM,), "output.weight": (VOCAB, DIM)}
+    """TinyLlama's own parameter names and shapes at benchmark size (built on meta, no memory)."""
+    config = TinyLlamaConfig(vocab_size=VOCAB, dim=DIM, n_layers=LAYERS, hidden_dim=FFN)
+    with torch.device("meta"):
+        return {k: tuple(v.shape) for k, v in TinyLlama(config).state_dict().items()}
 
 
 def build_metadata(folder: Path) -> int:

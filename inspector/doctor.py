@@ -90,8 +90,10 @@ class KeyMismatch:
 class KeyReport:
     """Checkpoint keys vs model keys: matched, missing, unexpected, shape and dtype mismatches.
 
-    ``missing`` are model keys the checkpoint lacks, ``unexpected`` checkpoint keys the model
-    lacks. ``partial`` means only some of the model's keys are known (a DCP error names the
+    ``ours`` / ``theirs`` map checkpoint / model keys to (shape, dtype name), either None
+    when unknown; ``pairs`` maps each matched checkpoint key to its model key. ``missing``
+    are model keys the checkpoint lacks, ``unexpected`` checkpoint keys the model lacks.
+    ``partial`` means only some of the model's keys are known (a DCP error names the
     first missing one), so nothing counts as unexpected. ``rewrite`` is the rename applied
     to the checkpoint keys before comparing (None: as spelled).
     """
@@ -99,11 +101,11 @@ class KeyReport:
     checkpoint: str
     against: str
     spelling: str
-    ours: dict[str, Spec] = field(repr=False)
-    theirs: dict[str, Spec] = field(repr=False)
+    ours: dict[str, Spec]
+    theirs: dict[str, Spec]
     partial: bool = False
     rewrite: Suggestion | None = None
-    pairs: dict[str, str] = field(init=False, repr=False)
+    pairs: dict[str, str] = field(init=False)
     missing: list[str] = field(init=False)
     unexpected: list[str] = field(init=False)
     shape_mismatches: list[KeyMismatch] = field(init=False)

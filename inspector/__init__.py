@@ -21,6 +21,7 @@ from inspector.errors import (
 
 if TYPE_CHECKING:
     from inspector.checkpoint import Checkpoint
+    from inspector.doctor import check_keys, explain_error
 
 __all__ = [
     "CheckpointFileMissingError",
@@ -31,7 +32,9 @@ __all__ = [
     "NotACheckpointError",
     "UnsafeCheckpointError",
     "UnsupportedError",
+    "check_keys",
     "diff",
+    "explain_error",
     "open",
 ]
 __version__ = "0.1.0"
@@ -47,10 +50,15 @@ def open(path: str | os.PathLike) -> Checkpoint:
         return Checkpoint(open_source(path))
 
 
-_LAZY = {"diff": "inspector.compare"}
+_LAZY = {
+    "check_keys": "inspector.doctor",
+    "diff": "inspector.compare",
+    "explain_error": "inspector.doctor",
+}
 
 
 def __getattr__(name: str) -> Any:
+    """Load diff and the FQN doctor (they need torch) on first use."""
     if name in _LAZY:
         import importlib
 

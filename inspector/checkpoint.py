@@ -13,10 +13,12 @@ import torch
 from inspector import fp8, keys, stats
 from inspector.errors import CorruptCheckpointError, InspectorError, MissingKeyError
 from inspector.model import ChunkInfo, Entry
+from inspector.tree import KeyNode, build_tree
 
 if TYPE_CHECKING:
     import pandas
 
+    from inspector.doctor import Consistency
     from inspector.sources.base import Source
     from inspector.stats import Histogram, TensorStats
 
@@ -79,6 +81,16 @@ class Checkpoint:
     def components(self) -> dict[str, int]:
         """Number of keys per component (model, optimizer, lr_scheduler, ...)."""
         return keys.component_counts(self._entries.values())
+
+    def tree(self, view: str = "stored") -> KeyNode:
+        """The key tree's root in a view: stored, flattened (model keys at top) or prefixed."""
+        return build_tree(self.entries(), view)
+
+    def consistency(self) -> Consistency:
+        """Optimizer names the model part lacks, and weights stored under several spellings."""
+        from inspector.doctor import consistency
+
+        return consistency(self)
 
     def __repr__(self) -> str:
         size = sum(e.nbytes for e in self._entries.values() if e.kind == "tensor")

@@ -4,13 +4,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
+import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import inspector
 from inspector.errors import InspectorError
+
+CHECK_HELP = """\
+Compare the checkpoint's model keys with a model or another checkpoint, explain the
+mismatches and rank the key rewrites (strip/add 'model.', wrapper prefixes such as
+'_orig_mod.', an inferred prefix difference) that fix them.
+
+Exit code: 0 when every key, shape and dtype matches as spelled (no rewrite applied),
+1 otherwise, 2 when a checkpoint cannot be opened.
+
+--json prints {"checkpoint", "against", "spelling", "partial", "ok", "loadable",
+"counts": {"checkpoint", "model", "matched", "missing", "unexpected", "shape_mismatches",
+"dtype_mismatches"}, "missing": [key], "unexpected": [key], "shape_mismatches" and
+"dtype_mismatches": [{"checkpoint_key", "model_key", "checkpoint", "model"}],
+"suggestions": [{"description", "steps", "resolves", "remaining", "shape_mismatches",
+"why"}], "after_best": null | {"ok", "counts", "renamed": {checkpoint_key: model_key},
+"shape_mismatches", "dtype_mismatches"}, "explanation"}.
+"""
 
 
 def human_bytes(n: int) -> str:
@@ -151,6 +171,46 @@ def _format_values(flat: Any) -> str:
     return str(flat.tolist())
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from inspector import doctor
+
+    against: Any = args.against
+    if doctor.is_factory_spec(against) and not Path(against).exists():
+        sys.path.insert(0, os.getcwd())  # as with `python -m`: the user's own modules import
+        against = doctor.model_from_factory(against, device=args.device)
+    report = doctor.check_keys(args.path, against, spelling=args.spelling)
+    passed = report.loadable if args.ignore_dtype else report.ok
+    if args.json:
+        json.dump(report.as_dict(), sys.stdout, indent=1)
+        print()
+        return 0 if passed else 1
+    print(textwrap.fill(report.explain(), width=100))
+    _print_keys("missing from the checkpoint", report.missing, args.limit)
+    _print_keys("unexpected in the checkpoint", report.unexpected, args.limit)
+    for name, found in (("shape", report.shape_mismatches), ("dtype", report.dtype_mismatches)):
+        if found:
+            print(f"\n{name} mismatches ({len(found)}):")
+            rows = [[m.model_key, str(m.checkpoint), str(m.model)] for m in found[: args.limit]]
+            _print_table(rows, ["key", "checkpoint", "model"])
+    if report.suggestions:
+        print("\nsuggested rewrites of the checkpoint keys, best first:")
+        rows = [
+            [str(i), s.description, str(s.resolves), str(s.remaining), str(s.shape_mismatches)]
+            for i, s in enumerate(report.suggestions, 1)
+        ]
+        _print_table(rows, ["#", "rewrite", "resolves", "left", "shape mismatches"])
+    return 0 if passed else 1
+
+
+def _print_keys(title: str, keys: list[str], limit: int) -> None:
+    if keys:
+        print(f"\n{title} ({len(keys)}):")
+        for key in keys[:limit]:
+            print(f"  {key}")
+        if len(keys) > limit:
+            print(f"  ... {len(keys) - limit} more")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ckpt-inspect",
@@ -186,6 +246,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: match keys across layouts with the FQN doctor's best rewrite",
     )
     diff.set_defaults(func=cmd_diff)
+    check = sub.add_parser(
+        "check",
+        help="compare the checkpoint's model keys with a model or checkpoint; suggest renames",
+        description=CHECK_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument("path")
+    check.add_argument(
+        "--against",
+        required=True,
+        metavar="OTHER_PATH | module.path:factory",
+        help="another checkpoint, or a callable that builds the model (called under --device)",
+    )
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument(
+        "--spelling",
+        choices=("stored", "flattened", "prefixed"),
+        help="how to spell the checkpoint's model keys (default: stored for DCP, else flattened)",
+    )
+    check.add_argument(
+        "--device", default="meta", help="device the factory builds the model on (default: meta)"
+    )
+    check.add_argument(
+        "--ignore-dtype", action="store_true", help="dtype mismatches alone do not fail (exit 0)"
+    )
+    check.add_argument("--limit", type=int, default=20, help="how many keys to list per group")
+    check.set_defaults(func=cmd_check)
     return parser
 
 

@@ -30,7 +30,19 @@ _ALIASES = {
     "train_state": "train_state",
 }
 VIEWS = ("stored", "flattened", "prefixed")
-WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")
+MODEL_PREFIX = "model."
+WRAPPER_ORIGINS = {
+    "_orig_mod.": "torch.compile",
+    "_checkpoint_wrapped_module.": "activation checkpointing (checkpoint_wrapper)",
+    "_fsdp_wrapped_module.": "FSDP1 (FullyShardedDataParallel)",
+    "module.": "DDP / nn.DataParallel",
+}
+WRAPPER_PREFIXES = tuple(WRAPPER_ORIGINS)
+MODEL_PREFIX_ORIGIN = (
+    "torchtitan stored model weights under 'model.' before PR #1347 (July 2025) "
+    "and at top level since"
+)
+_EXTRA_STATE = "_extra_state"
 
 
 @dataclass(frozen=True)
@@ -71,9 +83,17 @@ def _guess_path(key: str, model_prefix_plausible: bool) -> tuple[str, ...]:
 
 def _component(entry: Entry) -> str:
     path = entry.nested_path
-    if len(path) > 1:
-        return component_name(path[0]) or "other"
-    return "model" if entry.kind == "tensor" else "other"
+    named = component_name(path[0]) if len(path) > 1 else None
+    if named is not None:
+        return named
+    if (entry.kind == "tensor" and len(path) == 1) or _is_extra_state(path):
+        return "model"
+    return "other"
+
+
+def _is_extra_state(path: tuple) -> bool:
+    """A module's ``get_extra_state()`` value (e.g. TransformerEngine FP8 metadata)."""
+    return any(_EXTRA_STATE in str(part).split(".") for part in path)
 
 
 def model_fqn(entry: Entry) -> str | None:
@@ -81,7 +101,9 @@ def model_fqn(entry: Entry) -> str | None:
     if entry.component != "model":
         return None
     path = entry.nested_path
-    return ".".join(str(p) for p in path[1:]) if len(path) > 1 else entry.key
+    if len(path) > 1 and component_name(path[0]) == "model":
+        return ".".join(str(p) for p in path[1:])
+    return entry.key
 
 
 def view_key(entry: Entry, view: str) -> str:
@@ -118,6 +140,10 @@ def detect_layout(entries: Iterable[Entry], *, nesting: str) -> Layout:
         )
     if top:
         evidence.append(f"{len(top)} model keys stored at top level, e.g. {top[0].key!r}")
+    if prefixed and top:
+        evidence.append(
+            "model keys under both spellings: ck.consistency() lists duplicate spellings"
+        )
     if prefixed:
         name = "prefixed"
         evidence.append("model weights under 'model.': torchtitan's layout before PR #1347")
@@ -140,3 +166,72 @@ def component_counts(entries: Iterable[Entry]) -> dict[str, int]:
     counts = Counter(e.component for e in entries)
     order = [*COMPONENTS, "other"]
     return {c: counts[c] for c in order if counts[c]}
+
+
+def has_segment(key: str, prefix: str) -> bool:
+    """Whether ``prefix`` (a dotted segment such as ``"_orig_mod."``) occurs in ``key``."""
+    return key.startswith(prefix) or f".{prefix}" in key
+
+
+def strip_segments(key: str, prefixes: Iterable[str]) -> str:
+    """``key`` without the given wrapper segments, wherever they sit."""
+    present = {p[:-1] for p in prefixes if has_segment(key, p)}
+    if not present:
+        return key
+    return ".".join(part for part in key.split(".") if part not in present)
+
+
+def canonical_fqn(key: str) -> str:
+    """The weight's name once wrapper segments and a leading ``model.`` are gone."""
+    return strip_segments(key, WRAPPER_PREFIXES).removeprefix(MODEL_PREFIX)
+
+
+@dataclass(frozen=True)
+class OptimizerRef:
+    """An optimizer entry's reference to a parameter.
+
+    ``fqn`` is exact when the nested path kept it apart (``("optimizer", "state", fqn,
+    "exp_avg")``); after DCP's flattening (``"state.<fqn>.exp_avg"``) only ``text``, the
+    FQN followed by the state's own name, is known.
+    """
+
+    section: str
+    text: str
+    fqn: str | None
+
+    @property
+    def guessed_fqn(self) -> str:
+        """The exact FQN, or the text without its last segment (the state's name)."""
+        return self.fqn if self.fqn is not None else self.text.rpartition(".")[0]
+
+
+_OPTIMIZER_SECTIONS = ("state", "param_groups")
+
+
+def optimizer_ref(entry: Entry) -> OptimizerRef | None:
+    """The parameter an optimizer entry belongs to; None when it names none (or by index)."""
+    if entry.component != "optimizer":
+        return None
+    path = entry.nested_path
+    if len(path) >= 4 and path[1] in _OPTIMIZER_SECTIONS:
+        if not isinstance(path[2], str) or path[2].isdigit():
+            return None
+        return OptimizerRef(path[1], ".".join(str(p) for p in path[2:]), path[2])
+    if len(path) != 2 or not isinstance(path[1], str):
+        return None
+    section, _, text = path[1].partition(".")
+    if section not in _OPTIMIZER_SECTIONS or "." not in text or text.split(".", 1)[0].isdigit():
+        return None
+    return OptimizerRef(section, text, None)
+
+
+def resolve_optimizer_fqn(ref: OptimizerRef, fqns: set[str] | frozenset[str]) -> str | None:
+    """The FQN in ``fqns`` the reference names (longest dotted prefix of its text); else None."""
+    if ref.fqn is not None:
+        return ref.fqn if ref.fqn in fqns else None
+    text = ref.text
+    while "." in text:
+        text = text.rpartition(".")[0]
+        if text in fqns:
+            return text
+    return None

@@ -72,3 +72,12 @@ def dcp_distributed_written(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def dcp_torch_save(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """torch's ``dcp_to_torch_save`` output of each demo checkpoint."""
     return formats.write_dcp_to_torch_save(demo_dir, tmp_path_factory.mktemp("dcp_to_torch"))
+
+
+# --- checkpoints saved in this process (keys, tree and doctor tests) ------------------------
+def save_dcp(state: dict, path: Path, **save_kwargs) -> Path:
+    """``dcp.save`` of ``state`` to ``path`` from this one process, without collectives."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(path), no_dist=True, **save_kwargs)
+    return path

@@ -28,9 +28,9 @@ ENTRY_FIELDS = {
 }
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("ckpt-inspect")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def test_ls_table(demo_dir: Path) -> None:
@@ -243,3 +243,89 @@ def test_bad_file_error_names_it(tmp_path: Path) -> None:
     result = cli("ls", str(path))
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "broken.safetensors" in result.stderr
+
+
+# --- check -----------------------------------------------------------------------------------
+CHECK_FIELDS = {
+    "checkpoint",
+    "against",
+    "spelling",
+    "partial",
+    "ok",
+    "loadable",
+    "counts",
+    "missing",
+    "unexpected",
+    "shape_mismatches",
+    "dtype_mismatches",
+    "suggestions",
+    "after_best",
+    "explanation",
+}
+FACTORIES = """\
+import torch
+from inspector.demo.model import TinyLlama, TinyLlamaConfig, build_model
+
+
+def big_vocab():
+    return TinyLlama(TinyLlamaConfig(vocab_size=300))
+
+
+def half():
+    assert torch.empty(1).is_meta
+    return build_model().to(torch.bfloat16)
+"""
+
+
+def flat_text(result: subprocess.CompletedProcess) -> str:
+    """stdout with line wrapping undone."""
+    return " ".join(result.stdout.split())
+
+
+def test_check_against_factory(demo_dir: Path) -> None:
+    result = cli(
+        "check", str(demo_dir / "prefixed"), "--against", "inspector.demo.model:build_model"
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Best rewrite: strip 'model.'" in flat_text(result)
+    lines = result.stdout.splitlines()
+    assert "missing from the checkpoint (21):" in lines and "  ... 1 more" in lines
+    header = lines.index("suggested rewrites of the checkpoint keys, best first:")
+    assert lines[header + 2].split() == ["1", "strip", "'model.'", "42", "0", "0"]
+    ok = cli("check", str(demo_dir / "flat"), "--against", "inspector.demo.model:build_model")
+    assert ok.returncode == 0 and "Every key, shape and dtype matches." in flat_text(ok)
+
+
+def test_check_against_path_json(demo_dir: Path) -> None:
+    result = cli("check", str(demo_dir / "prefixed"), "--against", str(demo_dir / "flat"), "--json")
+    assert result.returncode == 1, result.stderr
+    payload = json.loads(result.stdout)
+    assert set(payload) == CHECK_FIELDS
+    assert payload["counts"]["missing"] == payload["counts"]["unexpected"] == 21
+    assert payload["suggestions"][0]["description"] == "strip 'model.'"
+    assert payload["after_best"]["ok"] is True
+    assert payload["after_best"]["renamed"]["model.output.weight"] == "output.weight"
+    same = cli("check", str(demo_dir / "flat"), "--against", str(demo_dir / "seed"), "--json")
+    assert same.returncode == 0 and json.loads(same.stdout)["after_best"] is None
+
+
+def test_check_user_factory_from_cwd(demo_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    path = str(demo_dir / "prefixed")
+    result = cli("check", path, "--against", "factories:big_vocab", "--json", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    after = json.loads(result.stdout)["after_best"]
+    assert [m["model"] for m in after["shape_mismatches"]] == [[300, 64], [300, 64]]
+    text = flat_text(cli("check", path, "--against", "factories:big_vocab", cwd=tmp_path))
+    assert "After it, 2 shape mismatches" in text and "no rename fixes that" in text
+    flat = str(demo_dir / "flat")
+    strict = cli("check", flat, "--against", "factories:half", cwd=tmp_path)
+    assert strict.returncode == 1 and "dtype mismatches (21):" in strict.stdout
+    lenient = cli("check", flat, "--against", "factories:half", "--ignore-dtype", cwd=tmp_path)
+    assert lenient.returncode == 0, lenient.stderr
+
+
+def test_check_bad_factory(demo_dir: Path) -> None:
+    result = cli("check", str(demo_dir / "flat"), "--against", "no_such_module:build")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: cannot import 'no_such_module:build'")

@@ -20,10 +20,16 @@ print("@@" + json.dumps({"wall": wall, "peak": int(hwm.group(1)) * 1024}))
 """
 
 
-def measure(snippet: str) -> dict[str, float]:
-    """``{"wall": s, "peak": bytes}`` of ``snippet`` run by ``python -c`` (imports included)."""
+def measure(snippet: str, *args: str) -> dict[str, float]:
+    """``{"wall": s, "peak": bytes}`` of ``snippet`` run by ``python -c`` (imports included).
+
+    The snippet sees ``args`` as ``sys.argv[2:]``.
+    """
     done = subprocess.run(
-        [sys.executable, "-c", _WRAPPER, snippet], capture_output=True, text=True, check=False
+        [sys.executable, "-c", _WRAPPER, snippet, *args],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode:
         raise RuntimeError(done.stderr[-4000:])

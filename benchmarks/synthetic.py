@@ -8,8 +8,6 @@ a DTensor (as FSDP would), so chunks land in ``__0_0.distcp`` and ``__1_0.distcp
 
 from __future__ import annotations
 
-import os
-import socket
 import zlib
 from pathlib import Path
 
@@ -59,36 +57,25 @@ def build(
             state[perturb][0, 0] += 1.0
         dcp.save(state, storage_writer=dcp.FileSystemWriter(path), no_dist=True)
         return path
-    import torch.multiprocessing as mp
+    from inspector.demo.gloo import run_ranks
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(
-        _save_rank, args=(ranks, port, str(path), shapes), nprocs=ranks, start_method="spawn"
-    )
+    run_ranks(_save_rank, str(path), shapes, world_size=ranks)
     return path
 
 
-def _save_rank(rank: int, ranks: int, port: int, path: str, shapes: dict) -> None:
-    import torch.distributed as dist
+def _save_rank(rank: int, ranks: int, path: str, shapes: dict) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=ranks)
-    try:
-        mesh = init_device_mesh("cpu", (ranks,))
-        state = {}
-        for name, (rows, cols) in shapes.items():
-            local = shard(name, rank, shard_rows(rows, ranks)[rank], cols)
-            state[name] = DTensor.from_local(
-                local, mesh, [Shard(0)], run_check=False, shape=(rows, cols), stride=(cols, 1)
-            )
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (ranks,))
+    state = {}
+    for name, (rows, cols) in shapes.items():
+        local = shard(name, rank, shard_rows(rows, ranks)[rank], cols)
+        state[name] = DTensor.from_local(
+            local, mesh, [Shard(0)], run_check=False, shape=(rows, cols), stride=(cols, 1)
+        )
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
 
 
 def folder_bytes(path: Path) -> int:

@@ -35,6 +35,7 @@ __all__ = [
     "check_keys",
     "diff",
     "explain_error",
+    "export",
     "open",
 ]
 __version__ = "0.1.0"
@@ -50,10 +51,12 @@ def open(path: str | os.PathLike) -> Checkpoint:
         return Checkpoint(open_source(path))
 
 
+# Public functions whose modules import torch: loaded on first use.
 _LAZY = {
     "check_keys": "inspector.doctor",
     "diff": "inspector.compare",
     "explain_error": "inspector.doctor",
+    "export": "inspector.exporter",
 }
 
 

@@ -12,7 +12,7 @@ import torch
 
 from inspector import fp8, keys, stats
 from inspector.errors import CorruptCheckpointError, InspectorError, MissingKeyError
-from inspector.model import ChunkInfo, Entry
+from inspector.model import ByteRange, ChunkInfo, Entry
 from inspector.tree import KeyNode, build_tree
 
 if TYPE_CHECKING:
@@ -191,6 +191,26 @@ class Checkpoint:
         for index, chunk in enumerate(entry.chunks):
             value = self.source.read_chunk(entry, index)
             yield chunk, fp8.to_plain(value, file=self.path, key=key)
+
+    def byte_ranges(self, key: str) -> list[ByteRange] | None:
+        """The file byte ranges that, concatenated, are the tensor's row-major bytes; None
+        when its chunks are not plain bytes tiling it along dim 0 (or it is a subclass)."""
+        entry = self._readable(key, "tensor")
+        chunks = sorted(enumerate(entry.chunks), key=lambda pair: pair[1].offsets)
+        shape, row = entry.shape, 0
+        ranges = []
+        for index, chunk in chunks:
+            if not chunk.numel:
+                continue
+            if shape and (chunk.offsets[0] != row or chunk.sizes[1:] != shape[1:]):
+                return None
+            where = self.source.chunk_bytes(entry, index)
+            if where is None:
+                return None
+            ranges.append(ByteRange(where[0], where[1], chunk.numel * entry.dtype.itemsize))
+            row += chunk.sizes[0] if shape else 1
+        complete = row == shape[0] if shape else len(ranges) == 1
+        return ranges if complete or not entry.numel else None
 
     def _readable(self, key: str, kind: str) -> Entry:
         entry = self.entry(key)

@@ -156,6 +156,35 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0 if equal else 1
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from inspector.exporter import export
+
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise InspectorError(f"unknown dtype {args.dtype!r}")
+    result = export(
+        args.path,
+        args.out,
+        format=args.format,
+        dtype=dtype,
+        fp8=args.fp8,
+        model_only=not args.all_components,
+        flatten=not args.keep_prefix,
+        nested=args.nested,
+        include=args.include,
+        exclude=args.exclude,
+        max_shard_size=args.max_shard_size,
+        overwrite=args.overwrite,
+        verify=not args.no_verify,
+        on_error="skip" if args.skip_unreadable else "fail",
+        progress=sys.stderr.isatty(),
+    )
+    print(result.summary())
+    return 0 if result.verification is None or result.verification.ok else 1
+
+
 def _missing(value: Any) -> bool:
     """None, or the NaN pandas stores in its place."""
     return value is None or (isinstance(value, float) and value != value)
@@ -273,6 +302,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--limit", type=int, default=20, help="how many keys to list per group")
     check.set_defaults(func=cmd_check)
+
+    exp = sub.add_parser("export", help="write plain .safetensors (HF-sharded) or .pt, streaming")
+    exp.add_argument("path")
+    exp.add_argument("out", help="safetensors: a folder (or *.safetensors); pt: the file")
+    exp.add_argument("--format", choices=("safetensors", "pt"), default="safetensors")
+    exp.add_argument("--dtype", help="cast floating tensors, e.g. bfloat16")
+    exp.add_argument("--fp8", choices=("dequantize", "unwrap", "keep"), default="dequantize")
+    exp.add_argument("--max-shard-size", default="5GB", help="e.g. 5GB (decimal), 500MiB")
+    exp.add_argument("--keep-prefix", action="store_true", help="keep the 'model.' prefix")
+    exp.add_argument("--all-components", action="store_true", help="not only the model")
+    exp.add_argument("--nested", action="store_true", help="pt: keep the stored nesting")
+    exp.add_argument("--include", action="append", metavar="GLOB", help="keys to keep")
+    exp.add_argument("--exclude", action="append", metavar="GLOB", help="keys to leave out")
+    exp.add_argument("--overwrite", action="store_true", help="replace existing output")
+    exp.add_argument("--no-verify", action="store_true", help="skip re-reading the output")
+    exp.add_argument("--skip-unreadable", action="store_true", help="leave damaged keys out")
+    exp.set_defaults(func=cmd_export)
     return parser
 
 

@@ -538,6 +538,9 @@ class Output:
     sources: tuple[str, ...]
     conversion: str | None
     reader: Callable[[], torch.Tensor] = field(repr=False, compare=False)
+    dtype: torch.dtype | None = None  # what read() returns, when known without reading
+    shape: tuple[int, ...] | None = None
+    raw: bool = False  # stored FP8 bytes or scales: an export must not cast them
 
     def read(self) -> torch.Tensor:
         """Materialise it now (reads only its source entries)."""
@@ -583,29 +586,29 @@ def _outputs(
     pairs: dict[str, ScalePair],
 ) -> list[Output]:
     key, read = entry.key, functools.partial(ck.read, entry.key)
+    shape = entry.shape
     if found.kind == "wrapper":
-        return [
-            Output(
-                key, (key,), f"unwrap {found.subclass} -> {entry.dtype_name} master weight", read
-            )
-        ]
+        text = f"unwrap {found.subclass} -> {entry.dtype_name} master weight"
+        return [Output(key, (key,), text, read, entry.dtype, shape)]
     if found.kind == "unknown":
-        return [Output(key, (key,), f"values of tensor subclass {found.subclass}", read)]
+        text = f"values of tensor subclass {found.subclass}"
+        return [Output(key, (key,), text, read, entry.dtype, shape)]
     if found.kind == "payload" and mode == "keep":
         return _split(ck, entry, found)
     if found.kind == "payload":
         target = dtype if mode == "dequantize" else entry.dtype
         text = f"{found.subclass} ({found.fp8}) -> {_name_of(target)}"
-        return [Output(key, (key,), text, functools.partial(ck.read, key, target))]
+        return [Output(key, (key,), text, functools.partial(ck.read, key, target), target, shape)]
     if key in pairs:
         pair = pairs[key]
         text = f"{entry.dtype_name} {pair.granularity} -> {_name_of(dtype)}"
         reader = functools.partial(_read_scaled, ck, pair, dtype)
-        return [Output(key, (key, pair.scale), text, reader)]
+        return [Output(key, (key, pair.scale), text, reader, dtype, shape)]
     if mode == "dequantize" and entry.dtype in FLOAT8_DTYPES:
         text = f"{entry.dtype_name} -> {_name_of(dtype)} (no scale found)"
-        return [Output(key, (key,), text, functools.partial(ck.read, key, dtype))]
-    return [Output(key, (key,), None, read)]
+        return [Output(key, (key,), text, functools.partial(ck.read, key, dtype), dtype, shape)]
+    raw = entry.dtype in FLOAT8_DTYPES or (entry.fp8 or "").startswith("scale of")
+    return [Output(key, (key,), None, read, entry.dtype, shape, raw)]
 
 
 def _read_scaled(ck: Checkpoint, pair: ScalePair, dtype: torch.dtype) -> torch.Tensor:
@@ -622,12 +625,13 @@ def _split(ck: Checkpoint, entry: Entry, found: Detection) -> list[Output]:
     key = entry.key
     split = _SplitPayload(ck, entry, found)
     rule = f"{found.subclass}: {_FORMATS[found.payload].rule}"
-    outputs = [Output(key, (key,), f"raw data of {rule}", functools.partial(split.part, None))]
+    outputs = [
+        Output(key, (key,), f"raw data of {rule}", functools.partial(split.part, None), raw=True)
+    ]
     for part in found.parts:
         name = f"{key}_{part.lstrip('_')}"
-        outputs.append(
-            Output(name, (key,), f"{part} of {rule}", functools.partial(split.part, part))
-        )
+        reader = functools.partial(split.part, part)
+        outputs.append(Output(name, (key,), f"{part} of {rule}", reader, raw=True))
     return outputs
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -26,6 +27,15 @@ class ChunkInfo:
     @property
     def numel(self) -> int:
         return math.prod(self.sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """``length`` bytes at ``offset`` of the file at ``path``."""
+
+    path: Path
+    offset: int
+    length: int
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from inspector import dcp_metadata
 from inspector.errors import (
     CorruptCheckpointError,
     InspectorError,
@@ -359,20 +360,22 @@ def _torch_global(name: str) -> Any:
     return None
 
 
-_LEGACY_STORAGE = {
-    "DoubleStorage": _StorageType(torch.float64),
-    "FloatStorage": _StorageType(torch.float32),
-    "HalfStorage": _StorageType(torch.float16),
-    "BFloat16Storage": _StorageType(torch.bfloat16),
-    "LongStorage": _StorageType(torch.int64),
-    "IntStorage": _StorageType(torch.int32),
-    "ShortStorage": _StorageType(torch.int16),
-    "CharStorage": _StorageType(torch.int8),
-    "ByteStorage": _StorageType(torch.uint8),
-    "BoolStorage": _StorageType(torch.bool),
-    "ComplexFloatStorage": _StorageType(torch.complex64),
-    "ComplexDoubleStorage": _StorageType(torch.complex128),
+# torch's legacy typed storage classes (``torch.FloatStorage``, ...) and their dtypes.
+LEGACY_STORAGE_DTYPES = {
+    "DoubleStorage": torch.float64,
+    "FloatStorage": torch.float32,
+    "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16,
+    "LongStorage": torch.int64,
+    "IntStorage": torch.int32,
+    "ShortStorage": torch.int16,
+    "CharStorage": torch.int8,
+    "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool,
+    "ComplexFloatStorage": torch.complex64,
+    "ComplexDoubleStorage": torch.complex128,
 }
+_LEGACY_STORAGE = {name: _StorageType(dtype) for name, dtype in LEGACY_STORAGE_DTYPES.items()}
 
 
 def _get_layout(name: Any) -> torch.layout:
@@ -423,23 +426,8 @@ _DATA_GLOBALS: dict[tuple[str, str], Any] = {
 
 
 def _metadata_globals() -> dict[tuple[str, str], Any]:
-    from torch.distributed.checkpoint import filesystem, metadata
-
-    names = {
-        (metadata.__name__, n): getattr(metadata, n)
-        for n in (
-            "Metadata",
-            "MetadataIndex",
-            "TensorStorageMetadata",
-            "BytesStorageMetadata",
-            "ChunkStorageMetadata",
-            "TensorProperties",
-            "StorageMeta",
-            "_MEM_FORMAT_ENCODING",
-        )
-    }
-    names[(filesystem.__name__, "_StorageInfo")] = filesystem._StorageInfo
-    names[("torch", "Size")] = torch.Size
+    names = dict(dcp_metadata.CLASSES)
+    names[("torch", "Size")] = tuple
     names[("torch.serialization", "_get_layout")] = _get_layout
     for module in ("pathlib", "pathlib._local"):
         for cls, fn in _PATH_CLASSES.items():
@@ -587,12 +575,10 @@ def _run(unpickler: _Unpickler) -> Any:
         ) from exc
 
 
-def load_metadata(data: bytes, *, file: str) -> Any:
-    """Decode a DCP ``.metadata`` pickle into torch's own ``Metadata`` objects, allow-listed."""
-    from torch.distributed.checkpoint.metadata import Metadata
-
+def load_metadata(data: bytes, *, file: str) -> dcp_metadata.Metadata:
+    """Decode a DCP ``.metadata`` pickle into :mod:`inspector.dcp_metadata` records."""
     metadata = _run(_MetadataUnpickler(data, file, None))
-    if not isinstance(metadata, Metadata):
+    if not isinstance(metadata, dcp_metadata.Metadata):
         raise CorruptCheckpointError(
             f"pickle holds a {type(metadata).__name__}, not DCP Metadata", file=file
         )

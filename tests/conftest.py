@@ -81,3 +81,17 @@ def save_dcp(state: dict, path: Path, **save_kwargs) -> Path:
 
     dcp.save(state, storage_writer=dcp.FileSystemWriter(path), no_dist=True, **save_kwargs)
     return path
+
+
+# --- a tiny transformers Llama saved by DCP from two FSDP2 ranks (tests/fixtures/hf_llama.py)
+
+
+@pytest.fixture(scope="session")
+def hf_llama_dcp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from tests.fixtures import hf_llama
+
+    root = tmp_path_factory.mktemp("hf_llama")
+    return {
+        "plain": hf_llama.build(root / "plain", fp8=False),
+        "fp8": hf_llama.build(root / "fp8", fp8=True),
+    }

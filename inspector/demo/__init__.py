@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import warnings
 from pathlib import Path
 
@@ -19,22 +18,13 @@ TRAIN_STEPS = 2
 
 def build_demo(out_dir: str | os.PathLike, *, world_size: int = 2) -> dict[str, Path]:
     """Write every demo checkpoint under ``out_dir`` and return ``{name: path}``."""
-    import torch.multiprocessing as mp
+    from inspector.demo.gloo import run_ranks
 
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     _save_seed(out / "seed")
-    port = _free_port()
-    mp.start_processes(
-        _train_and_save, args=(world_size, port, str(out)), nprocs=world_size, start_method="spawn"
-    )
+    run_ranks(_train_and_save, str(out), world_size=world_size)
     return {name: out / name for name in DEMO_CHECKPOINTS}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _save_seed(path: Path) -> None:
@@ -50,21 +40,12 @@ def _save_seed(path: Path) -> None:
         )
 
 
-def _train_and_save(rank: int, world_size: int, port: int, out: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        torch.set_num_threads(1)
-        model, optim, sched = _trained(rank, world_size, fp8=False)
-        _save(Path(out) / "flat", model, optim, sched, rank, prefixed=False)
-        _save(Path(out) / "prefixed", model, optim, sched, rank, prefixed=True)
-        model, optim, sched = _trained(rank, world_size, fp8=True)
-        _save(Path(out) / "fp8", model, optim, sched, rank, prefixed=False)
-    finally:
-        dist.destroy_process_group()
+def _train_and_save(rank: int, world_size: int, out: str) -> None:
+    model, optim, sched = _trained(rank, world_size, fp8=False)
+    _save(Path(out) / "flat", model, optim, sched, rank, prefixed=False)
+    _save(Path(out) / "prefixed", model, optim, sched, rank, prefixed=True)
+    model, optim, sched = _trained(rank, world_size, fp8=True)
+    _save(Path(out) / "fp8", model, optim, sched, rank, prefixed=False)
 
 
 def _trained(rank: int, world_size: int, *, fp8: bool):

@@ -109,6 +109,20 @@ class StoredTensors:
         """Replace every TensorRef in ``value`` (containers, subclass attributes) by a tensor."""
         return materialize(value, self.read_tensor)
 
+    def contiguous_start(self, shape: tuple[int, ...], dtype: torch.dtype) -> int | None:
+        """File offset of the archive's tensor bytes when it holds one plain contiguous
+        tensor of ``shape`` and ``dtype`` (checked against its record); else None."""
+        ref = self.load()
+        if not isinstance(ref, TensorRef) or ref.storage is None:
+            return None
+        if (ref.shape, ref.dtype) != (tuple(shape), dtype) or ref.stride != contiguous_strides(
+            ref.shape
+        ):
+            return None
+        record = self.record(ref.storage.key)
+        check_fits(record, ref, file=self.path, key=self.key)
+        return record.start + ref.storage_offset * dtype.itemsize
+
 
 class TorchArchive(StoredTensors):
     """The torch.save archive stored in bytes ``[offset, offset + length)`` of ``path``."""

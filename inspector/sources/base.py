@@ -42,6 +42,11 @@ class Source(Protocol):
         """A non-tensor value, decoded through safe_pickle."""
         ...
 
+    def chunk_bytes(self, entry: Entry, index: int) -> tuple[Path, int] | None:
+        """Where the chunk's row-major bytes start (file, offset), when stored as plain
+        contiguous bytes; None otherwise (subclass, strided view, compressed)."""
+        ...
+
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         """Classes and functions the chunk's pickle names (read without running it)."""
         ...

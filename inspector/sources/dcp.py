@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 import torch
 
 from inspector import safe_pickle
+from inspector.dcp_metadata import BytesStorageMetadata, TensorStorageMetadata
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
 from inspector.model import ChunkInfo, Entry
 from inspector.safe_pickle import SubclassRef, TensorRef
@@ -149,6 +150,18 @@ class DcpSource:
                 return f.read(length)
             archive = TorchArchive(f, path, offset, length, entry.key)
             return archive.materialize(archive.load())
+
+    def chunk_bytes(self, entry: Entry, index: int) -> tuple[Path, int] | None:
+        chunk = entry.chunks[index]
+        path = resolve_inside(self.root, chunk.file, referrer=self.metadata_path, key=entry.key)
+        if chunk.file in self._safetensors:
+            return path, chunk.byte_offset
+        if chunk.transforms:
+            return None
+        start = self._on_archive(
+            entry, index, lambda a: a.contiguous_start(chunk.sizes, entry.dtype)
+        )
+        return None if start is None else (path, start)
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         if entry.chunks[index].file in self._safetensors:
@@ -298,8 +311,6 @@ def _merge(parts: list[Any]) -> Any:
 
 
 def _entries(md: Any, root: Path, metadata_path: Path) -> list[Entry]:
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
-
     state = getattr(md, "state_dict_metadata", None)
     if not isinstance(state, dict):
         raise CorruptCheckpointError(

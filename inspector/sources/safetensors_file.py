@@ -270,6 +270,9 @@ class SafetensorsSource:
     def read_object(self, entry: Entry) -> Any:
         raise UnsupportedError("safetensors files hold tensors only", file=self.root, key=entry.key)
 
+    def chunk_bytes(self, entry: Entry, index: int) -> tuple[Path, int] | None:
+        return self.root, entry.chunks[index].byte_offset
+
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         return []
 

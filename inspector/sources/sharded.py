@@ -133,6 +133,10 @@ class ShardedSource:
         shard, sub = self._piece(entry, 0)
         return shard.read_object(sub)
 
+    def chunk_bytes(self, entry: Entry, index: int) -> tuple[Path, int] | None:
+        shard, sub = self._piece(entry, index)
+        return shard.chunk_bytes(sub, 0)
+
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         shard, sub = self._piece(entry, index)
         return shard.chunk_globals(sub, 0)

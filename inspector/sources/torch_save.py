@@ -26,6 +26,7 @@ from inspector.sources.archive import (
     StoredTensors,
     TorchArchive,
     check_fits,
+    contiguous_strides,
     is_legacy_torch,
     is_tar,
     is_zip,
@@ -122,6 +123,12 @@ class TorchSaveSource:
         _, leaf = self._leaves[entry.key]
         with open(self.root, "rb") as f:
             return materialize(leaf, partial(self._read, f, entry.key))
+
+    def chunk_bytes(self, entry: Entry, index: int) -> tuple[Path, int] | None:
+        _, leaf = self._leaves[entry.key]
+        if isinstance(leaf, TensorRef) and leaf.stride == contiguous_strides(leaf.shape):
+            return self.root, entry.chunks[index].byte_offset
+        return None
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         """Classes the value's pickle names beyond plain tensors and containers."""

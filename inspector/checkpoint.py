@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import itertools
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,7 @@ import torch
 
 from inspector import fp8, keys, stats
 from inspector.errors import CorruptCheckpointError, InspectorError, MissingKeyError
-from inspector.model import ByteRange, ChunkInfo, Entry
+from inspector.model import ByteRange, ChunkInfo, Entry, layout_problem
 from inspector.tree import KeyNode, build_tree
 
 if TYPE_CHECKING:
@@ -174,23 +175,27 @@ class Checkpoint:
         quantized payloads dequantized (straight to ``dtype`` when given, like torchao's
         ``dequantize(dtype)``; else to their logical dtype)."""
         entry = self._readable(key, "tensor")
-        if len(entry.chunks) == 1 and entry.chunks[0].sizes == entry.shape:
-            value = self.source.read_chunk(entry, 0)
-            tensor = fp8.to_plain(value, dtype, file=self.path, key=key)
-        else:
-            tensor = self._assemble(entry, dtype)
+        with _marking(entry):
+            if len(entry.chunks) == 1 and entry.chunks[0].sizes == entry.shape:
+                value = self.source.read_chunk(entry, 0)
+                tensor = fp8.to_plain(value, dtype, file=self.path, key=key)
+            else:
+                tensor = self._assemble(entry, dtype)
         return tensor if dtype is None else tensor.to(dtype)
 
     def read_object(self, key: str) -> Any:
         """A non-tensor value (optimizer hyper-parameters, scheduler state, ...), decoded safely."""
-        return self.source.read_object(self._readable(key, "object"))
+        entry = self._readable(key, "object")
+        with _marking(entry):
+            return self.source.read_object(entry)
 
     def iter_chunks(self, key: str) -> Iterator[tuple[ChunkInfo, torch.Tensor]]:
         """Each stored chunk of a tensor as a plain tensor, one at a time (bounded memory)."""
         entry = self._readable(key, "tensor")
         for index, chunk in enumerate(entry.chunks):
-            value = self.source.read_chunk(entry, index)
-            yield chunk, fp8.to_plain(value, file=self.path, key=key)
+            with _marking(entry):
+                value = fp8.to_plain(self.source.read_chunk(entry, index), file=self.path, key=key)
+            yield chunk, value
 
     def byte_ranges(self, key: str) -> list[ByteRange] | None:
         """The file byte ranges that, concatenated, are the tensor's row-major bytes; None
@@ -249,24 +254,18 @@ class Checkpoint:
         return out
 
 
+@contextmanager
+def _marking(entry: Entry) -> Iterator[None]:
+    """A read that finds damage records it in the entry, so the table shows it from then on."""
+    try:
+        yield
+    except InspectorError as exc:
+        entry.error = entry.error or exc.located
+        raise
+
+
 def _check_coverage(entry: Entry, path: Path) -> None:
-    """Chunks must tile the tensor exactly: no overlap, nothing left out."""
-    total = sum(c.numel for c in entry.chunks)
-    if total != entry.numel:
-        raise CorruptCheckpointError(
-            f"chunks hold {total} elements, the tensor has {entry.numel}", file=path, key=entry.key
-        )
-    if not entry.shape:
-        return
-    boxes = sorted((c.offsets, c.sizes) for c in entry.chunks if c.numel)
-    for i, (a_off, a_size) in enumerate(boxes):
-        for b_off, b_size in boxes[i + 1 :]:
-            if b_off[0] >= a_off[0] + a_size[0]:
-                break
-            if all(
-                bo < ao + an and ao < bo + bn
-                for ao, an, bo, bn in zip(a_off, a_size, b_off, b_size, strict=True)
-            ):
-                raise CorruptCheckpointError(
-                    f"chunks at {list(a_off)} and {list(b_off)} overlap", file=path, key=entry.key
-                )
+    """Chunks must tile the tensor exactly: inside it, no overlap, nothing left out."""
+    problem = layout_problem(entry.shape, entry.chunks)
+    if problem is not None:
+        raise CorruptCheckpointError(problem, file=path, key=entry.key)

@@ -21,6 +21,11 @@ class InspectorError(Exception):
         prefix = ": ".join(w for w in where if w)
         super().__init__(f"{prefix}: {message}" if prefix else message)
 
+    @property
+    def located(self) -> str:
+        """The reason, after the name of the file it is about (how an entry records it)."""
+        return f"{os.path.basename(self.file)}: {self.reason}" if self.file else self.reason
+
 
 class NotACheckpointError(InspectorError):
     """The path is not a checkpoint in any format we know."""

@@ -202,10 +202,18 @@ def _refuse_inside_source(ck: Checkpoint, out: Path) -> None:
     if source.is_dir() and (target == source or source in target.parents):
         raise ExportError("output would be written inside the source checkpoint", file=out)
     folder = source if source.is_dir() else source.parent
-    files = {(folder / name).resolve() for name in ck.source_files} | {source}
+    files = {_resolved(folder, name) for name in ck.source_files} - {None} | {source}
     candidates = {target} | {target / n for n in ("model.safetensors", INDEX_NAME)}
     if candidates & files or any(p.name.startswith("model-") and p.parent == target for p in files):
         raise ExportError("output would overwrite a file of the source checkpoint", file=out)
+
+
+def _resolved(folder: Path, name: str) -> Path | None:
+    """``folder / name`` resolved; None for a name no file can have (a NUL byte, say)."""
+    try:
+        return (folder / name).resolve()
+    except (ValueError, OSError):
+        return None
 
 
 def _select(
@@ -465,7 +473,13 @@ def _write_pt(
 ) -> tuple[list[Path], int, set[str]]:
     values = {}
     for key in objects:
-        value = ck.read_object(key)
+        try:
+            value = ck.read_object(key)
+        except InspectorError as exc:
+            if on_error != "skip":
+                raise
+            skipped[key] = f"unreadable: {exc.reason}"
+            continue
         problem = _weights_only_problem(value)
         if problem:
             skipped[key] = f"not loadable with torch.load(weights_only=True): {problem}"

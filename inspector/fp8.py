@@ -389,7 +389,7 @@ def detect(source: Source, entry: Entry) -> Detection:
         first = next(i for i, names in enumerate(found) if names)
         return describe(source.describe_chunk(entry, first), classes)
     except InspectorError as exc:
-        return Detection("unreadable", error=exc.reason)
+        return Detection("unreadable", error=exc.located)
     except OSError as exc:
         return Detection("unreadable", error=f"cannot read {exc.filename} ({exc.strerror})")
 

@@ -92,3 +92,38 @@ class Entry:
             "fp8": self.fp8,
             "error": self.error,
         }
+
+
+def layout_problem(shape: tuple[int, ...], chunks: tuple[ChunkInfo, ...]) -> str | None:
+    """Why ``chunks`` do not tile a tensor of ``shape`` exactly (a chunk outside it, elements
+    missing or stored twice), or None."""
+    for c in chunks:
+        ends = zip(c.offsets, c.sizes, shape, strict=True)
+        if (
+            len(c.offsets) != len(shape)
+            or len(c.sizes) != len(shape)
+            or any(o < 0 or n < 0 or o + n > dim for o, n, dim in ends)
+        ):
+            return (
+                f"chunk at offsets {list(c.offsets)} size {list(c.sizes)} "
+                f"lies outside shape {list(shape)}"
+            )
+    total, numel = sum(c.numel for c in chunks), math.prod(shape)
+    if total != numel:
+        return f"chunks hold {total} elements, the tensor has {numel}"
+    boxes = [(c.offsets, c.sizes) for c in chunks if c.numel]
+    if not shape or len(boxes) < 2:
+        return None
+    # Sweep along the dimension the chunks are split on most, so disjoint chunks part early.
+    dim = max(range(len(shape)), key=lambda d: len({off[d] for off, _ in boxes}))
+    boxes.sort(key=lambda box: box[0][dim])
+    for i, (a_off, a_size) in enumerate(boxes):
+        for b_off, b_size in boxes[i + 1 :]:
+            if b_off[dim] >= a_off[dim] + a_size[dim]:
+                break
+            if all(
+                bo < ao + an and ao < bo + bn
+                for ao, an, bo, bn in zip(a_off, a_size, b_off, b_size, strict=True)
+            ):
+                return f"chunks at {list(a_off)} and {list(b_off)} overlap"
+    return None

@@ -14,6 +14,7 @@ import io
 import pathlib
 import pickle
 import pickletools
+import re
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -492,6 +493,20 @@ class _Unpickler(pickle.Unpickler):
         )
 
 
+@dataclass(frozen=True)
+class UnknownDtype:
+    """``torch.<name>`` where this torch has no such attribute: a dtype of a newer torch,
+    or damage. Kept by name (inert, not callable) so only the entries using it fail."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"torch.{self.name} (unknown to torch {torch.__version__})"
+
+
+_DTYPE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
 class _MetadataUnpickler(_Unpickler):
     _allowed: dict[tuple[str, str], Any] | None = None
 
@@ -503,8 +518,10 @@ class _MetadataUnpickler(_Unpickler):
             value = _torch_global(name)
             if not isinstance(value, torch.dtype):
                 value = None
+            if not hasattr(torch, name) and _DTYPE_NAME.fullmatch(name):
+                value = UnknownDtype(name)
         if value is None:
-            raise self.unsafe(f"global {module}.{name}, which DCP metadata never contains")
+            raise self.unsafe(f"{module}.{name} (never part of DCP metadata)")
         return value
 
 

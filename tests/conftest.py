@@ -95,3 +95,42 @@ def hf_llama_dcp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "plain": hf_llama.build(root / "plain", fp8=False),
         "fp8": hf_llama.build(root / "fp8", fp8=True),
     }
+
+
+# --- hostile input (tests/hostile/): genuine starting points, and the counts in the summary --
+
+
+@pytest.fixture(scope="session")
+def genuine(
+    demo_dir: Path,
+    safetensors_written: dict,
+    torch_save_written: dict,
+    dcp_single_written: dict,
+    tmp_path_factory: pytest.TempPathFactory,
+):
+    """The genuine checkpoints hostile cases and fuzzing damage copies of, each run through
+    every entry point once (so no lazy import happens inside a guarded block)."""
+    from tests.hostile.case import Genuine
+    from tests.hostile.pipeline import warm_up
+
+    found = Genuine(
+        seed=demo_dir / "seed",
+        flat=demo_dir / "flat",
+        safetensors=safetensors_written["single"].path,
+        hub=safetensors_written["sharded"].path,
+        pt=torch_save_written["nested"].path,
+        model_bin=torch_save_written["state_dict"].path,
+        legacy=torch_save_written["legacy"].path,
+        distcp_safetensors=dcp_single_written["distcp-safetensors"].path,
+    )
+    warm_up(vars(found), tmp_path_factory.mktemp("warm_up"))
+    return found
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print how many hostile cases and fuzz examples ran, and how many failed."""
+    from tests.hostile.tally import TALLY
+
+    failed = [report.nodeid for report in terminalreporter.stats.get("failed", [])]
+    for line in TALLY.summary(failed):
+        terminalreporter.write_line(line)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -16,16 +15,8 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 import inspector
 from inspector.errors import ExportError
 from tests.conftest import run_python
+from tests.fixtures.damage import tree_hash
 from tests.fixtures.formats import same
-
-
-def tree_hash(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        digest.update(str(path.relative_to(folder)).encode())
-        if path.is_file():
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 def test_safetensors_single_file_is_the_flat_model(demo_dir: Path, tmp_path: Path) -> None:

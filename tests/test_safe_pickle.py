@@ -2,79 +2,30 @@
 
 from __future__ import annotations
 
-import builtins
-import importlib
 import io
 import os
 import pickle
-import runpy
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata
 
-import inspector
 from inspector import safe_pickle
 from inspector.errors import CorruptCheckpointError, UnsafeCheckpointError
 from inspector.safe_pickle import Opaque, SubclassRef, TensorRef
-
-
-class Payload:
-    """Pickles as a call of ``func(*args)``: what a hostile checkpoint contains."""
-
-    def __init__(self, func, *args) -> None:
-        self.func, self.args = func, args
-
-    def __reduce__(self):
-        return self.func, self.args
-
-
-def payloads(marker: Path) -> dict[str, Payload]:
-    victim = marker.parent / "victim"
-    return {
-        "os.system": Payload(os.system, f"touch {marker}"),
-        "subprocess.call": Payload(subprocess.call, ["touch", str(marker)]),
-        "eval": Payload(builtins.eval, f"open({str(marker)!r}, 'w')"),
-        "exec": Payload(builtins.exec, f"open({str(marker)!r}, 'w')"),
-        "__import__": Payload(builtins.__import__, "antigravity"),
-        "importlib": Payload(importlib.import_module, "antigravity"),
-        "runpy": Payload(runpy.run_path, str(marker)),
-        "shutil.rmtree": Payload(shutil.rmtree, str(victim)),
-    }
-
-
-def hostile_metadata(payload: Payload, folder: Path) -> Path:
-    meta = Metadata(state_dict_metadata={}, storage_meta=StorageMeta(checkpoint_id=payload))
-    (folder / ".metadata").write_bytes(pickle.dumps(meta))
-    return folder
-
-
-@pytest.mark.parametrize("name", sorted(payloads(Path("/x"))))
-def test_hostile_metadata_never_runs(tmp_path: Path, name: str) -> None:
-    marker = tmp_path / "marker"
-    (tmp_path / "victim").mkdir()
-    folder = hostile_metadata(payloads(marker)[name], tmp_path)
-    with pytest.raises(UnsafeCheckpointError) as info:
-        inspector.open(folder)
-    assert str(folder / ".metadata") in str(info.value)
-    assert "nothing was executed" in str(info.value)
-    assert not marker.exists()
-    assert (tmp_path / "victim").is_dir()
+from tests.hostile.pickles import Payload, arm, payloads
 
 
 @pytest.mark.parametrize("name", sorted(payloads(Path("/x"))))
 def test_hostile_object_pickle_never_runs(tmp_path: Path, name: str) -> None:
-    marker = tmp_path / "marker"
-    (tmp_path / "victim").mkdir()
+    marker, victim = arm(tmp_path)
     data = pickle.dumps({"lr": 0.1, "evil": payloads(marker)[name]}, protocol=2)
     with pytest.raises(UnsafeCheckpointError, match=r"f\.pkl: key 'k'"):
         safe_pickle.load_data_pickle(data, file="f.pkl", key="k")
     assert not marker.exists()
-    assert (tmp_path / "victim").is_dir()
+    assert victim.is_dir()
 
 
 def test_genuine_metadata_matches_torchs_reader(demo_dir: Path) -> None:

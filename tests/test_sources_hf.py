@@ -140,7 +140,9 @@ def test_index_line_naming_the_wrong_shard(sharded_copy: Path) -> None:
     index["weight_map"]["zoo.int16"] = other
     (sharded_copy / "model.safetensors.index.json").write_text(json.dumps(index))
     ck = inspector.open(sharded_copy)
-    assert ck.entry("zoo.int16").error == f"the index puts it in {other}, which does not hold it"
+    assert ck.entry("zoo.int16").error == (
+        f"model.safetensors.index.json puts it in {other}, which does not hold it"
+    )
 
 
 def test_index_not_json(sharded_copy: Path) -> None:

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import inspector
-from inspector.errors import CorruptCheckpointError, UnsafeCheckpointError, UnsupportedError
+from inspector.errors import CorruptCheckpointError, UnsupportedError
 from inspector.safe_pickle import Opaque
 from tests.conftest import run_python
 from tests.fixtures.damage import bytes_read, copy, drop_zip_record, truncate
-from tests.fixtures.formats import FLOAT8, Payload, same
+from tests.fixtures.formats import FLOAT8, same
 
 WRAPPER = "torchao.float8.fsdp_utils.WeightWithDynamicFloat8CastTensor"
 
@@ -95,7 +95,9 @@ def test_legacy_truncated(torch_save_written: dict, tmp_path: Path) -> None:
     truncate(path, path.stat().st_size - 10)
     ck = inspector.open(path)
     broken = [e.key for e in ck.entries() if e.error]
-    assert broken and all("end of the file" in ck.entry(k).error for k in broken)
+    errors = [ck.entry(k).error for k in broken]
+    assert broken and "end of the file" in errors[0]
+    assert all("after storage" in e and "cannot be read" in e for e in errors[1:])
     with pytest.raises(CorruptCheckpointError, match=rf"legacy\.pth.*{broken[0]!r}"):
         ck.read(broken[0])
     good = next(k for k in ck.keys() if not ck.entry(k).error and ck.entry(k).numel)
@@ -218,15 +220,6 @@ def test_torch_itself_needs_torchao_for_this_file(fp8_written) -> None:
     code = "import sys, torch\ntorch.load(sys.argv[1], weights_only=True)\n"
     result = run_python(code, str(fp8_written.path), block_torchao=True)
     assert result.returncode != 0
-
-
-def test_code_in_the_pickle_is_refused_not_run(tmp_path: Path) -> None:
-    marker = tmp_path / "pwned"
-    path = tmp_path / "hostile.pt"
-    torch.save({"w": torch.ones(2), "x": Payload(f"touch {marker}")}, path)
-    with pytest.raises(UnsafeCheckpointError, match=r"hostile\.pt.*system"):
-        inspector.open(path)
-    assert not marker.exists()
 
 
 # --- damaged files ----------------------------------------------------------------------------

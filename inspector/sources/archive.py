@@ -46,6 +46,12 @@ class FileWindow(io.RawIOBase):
         self._pos = max(0, base + offset)
         return self._pos
 
+    def read(self, size: int | None = -1) -> bytes:
+        """At most the bytes left in the window: a size read from damaged data (a zip's
+        central directory length, say) allocates no more than the window holds."""
+        left = max(0, self._length - self._pos)
+        return super().read(left if size is None or size < 0 else min(size, left))
+
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         n = max(0, min(len(view), self._length - self._pos))
@@ -128,13 +134,14 @@ class TorchArchive(StoredTensors):
     """The torch.save archive stored in bytes ``[offset, offset + length)`` of ``path``."""
 
     def __init__(self, f: BinaryIO, path: str, offset: int, length: int, key: str | None) -> None:
-        self.f, self.path, self.offset, self.key = f, path, offset, key
+        self.f, self.path, self.offset, self.length, self.key = f, path, offset, length, key
         try:
             self._zip = zipfile.ZipFile(FileWindow(f, offset, length))
             infos = self._zip.infolist()
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error) as exc:
+        except _ZIP_ERRORS as exc:
             raise CorruptCheckpointError(
-                f"not a readable torch.save archive at bytes {offset}..{offset + length} ({exc})",
+                f"not a readable torch.save archive at bytes {offset}..{offset + length} "
+                f"({_describe(exc)})",
                 file=path,
                 key=key,
             ) from exc
@@ -164,9 +171,9 @@ class TorchArchive(StoredTensors):
             )
         try:
             return self._zip.read(info)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
+        except _ZIP_ERRORS as exc:
             raise CorruptCheckpointError(
-                f"cannot read record {name!r} ({exc})", file=self.path, key=self.key
+                f"cannot read record {name!r} ({_describe(exc)})", file=self.path, key=self.key
             ) from exc
 
     def load(self) -> Any:
@@ -202,7 +209,35 @@ class TorchArchive(StoredTensors):
                 f"record {name!r} has a bad local header", file=self.path, key=self.key
             )
         start = self.offset + info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+        if info.compress_size != info.file_size or start + info.file_size > self.end:
+            raise CorruptCheckpointError(
+                f"record {name!r} claims {info.file_size} bytes at byte {start}, past the end "
+                f"of the archive (byte {self.end})",
+                file=self.path,
+                key=self.key,
+            )
         return Record(name, start, info.file_size)
+
+    @property
+    def end(self) -> int:
+        """The file offset just past the archive."""
+        return self.offset + self.length
+
+
+# What zipfile raises on damaged archives (NotImplementedError: an unknown zip version).
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    OSError,
+    ValueError,
+    EOFError,
+    struct.error,
+    OverflowError,
+    NotImplementedError,
+)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def check_fits(record: Record, ref: TensorRef, *, file: str, key: str | None) -> None:
@@ -326,6 +361,12 @@ class LegacyArchive(StoredTensors):
             record = self._walk(storage, position, length)
             self._records[storage.key] = record
             if isinstance(record, str):
+                for later in storages[len(self._records) :]:
+                    self._records.setdefault(
+                        later.key,
+                        f"storage {later.key!r} lies after storage {storage.key!r}, "
+                        "which cannot be read, so its place in the file is unknown",
+                    )
                 break
             position = record.start + record.size
 

@@ -23,13 +23,12 @@ import torch
 from inspector import safe_pickle
 from inspector.dcp_metadata import BytesStorageMetadata, TensorStorageMetadata
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
-from inspector.model import ChunkInfo, Entry
+from inspector.model import ChunkInfo, Entry, layout_problem
 from inspector.safe_pickle import SubclassRef, TensorRef
 from inspector.sources.archive import TorchArchive, is_zip
 from inspector.sources.base import ChunkValue, file_sizes, resolve_inside
 from inspector.sources.safetensors_file import (
     Header,
-    looks_like_safetensors,
     plain_description,
     read_header,
     read_span,
@@ -38,6 +37,9 @@ from inspector.sources.safetensors_file import (
 METADATA_FILE = ".metadata"
 _ZSTD = "stream.zstd/1"
 _TRANSFORM_SLACK = 1 << 20
+# zstd's densest encoding (RLE blocks) stores 128 KiB in 4 bytes: no genuine compressed item
+# expands more, so a chunk claiming more is refused before anything is allocated for it.
+_MAX_ZSTD_RATIO = 1 << 15
 
 
 def metadata_files(root: Path) -> list[Path]:
@@ -59,6 +61,7 @@ class DcpSource:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._paths: dict[str, Path] = {}
         files = metadata_files(root)
         self.metadata_path = files[0] if files else root / METADATA_FILE
         raw = (
@@ -76,6 +79,7 @@ class DcpSource:
         )
         self._entries = _entries(raw, root, self.metadata_path)
         self._safetensors = _place_safetensors_chunks(root, self._entries)
+        _check_items(self._entries, self._safetensors, self.metadata_path.name)
         if self._safetensors:
             self.format = "dcp-safetensors"
             self.notes += (
@@ -93,10 +97,18 @@ class DcpSource:
     def entries(self) -> list[Entry]:
         return self._entries
 
+    def _path(self, entry: Entry, chunk: ChunkInfo) -> Path:
+        """The chunk's file, checked to lie in the folder (once per file name)."""
+        path = self._paths.get(chunk.file)
+        if path is None:
+            path = resolve_inside(self.root, chunk.file, referrer=self.metadata_path, key=entry.key)
+            self._paths[chunk.file] = path
+        return path
+
     @contextmanager
     def _item(self, entry: Entry, chunk: ChunkInfo):
         """The chunk's stored bytes as a seekable stream positioned for a TorchArchive."""
-        path = resolve_inside(self.root, chunk.file, referrer=self.metadata_path, key=entry.key)
+        path = self._path(entry, chunk)
         with open(path, "rb") as f:
             if not chunk.transforms:
                 yield f, chunk.byte_offset, chunk.byte_length, str(path)
@@ -117,7 +129,7 @@ class DcpSource:
     def read_chunk(self, entry: Entry, index: int, out: torch.Tensor | None = None) -> ChunkValue:
         chunk = entry.chunks[index]
         if chunk.file in self._safetensors:
-            path = resolve_inside(self.root, chunk.file, referrer=self.metadata_path, key=entry.key)
+            path = self._path(entry, chunk)
             return read_span(path, chunk, entry.dtype, out, key=entry.key)
         with self._item(entry, chunk) as (f, offset, length, path):
             archive = self._archive(f, offset, length, path, entry.key)
@@ -153,7 +165,7 @@ class DcpSource:
 
     def chunk_bytes(self, entry: Entry, index: int) -> tuple[Path, int] | None:
         chunk = entry.chunks[index]
-        path = resolve_inside(self.root, chunk.file, referrer=self.metadata_path, key=entry.key)
+        path = self._path(entry, chunk)
         if chunk.file in self._safetensors:
             return path, chunk.byte_offset
         if chunk.transforms:
@@ -197,7 +209,7 @@ def _place_safetensors_chunks(root: Path, entries: list[Entry]) -> set[str]:
             header = _blob_header(root, name, {e.chunks[i].byte_offset for e, i in items})
         except InspectorError as exc:
             for entry, _ in items:
-                entry.error = entry.error or exc.reason
+                entry.error = entry.error or exc.located
             continue
         for entry, index in items:
             _place(entry, index, header)
@@ -205,12 +217,15 @@ def _place_safetensors_chunks(root: Path, entries: list[Entry]) -> set[str]:
 
 
 def _safetensors_at(root: Path, chunk: ChunkInfo) -> bool:
+    """Whether the chunk's bytes start a safetensors header: a JSON object after the 8-byte
+    length (a damaged length is reported when the header is read, not taken for a zip)."""
     try:
         with open(resolve_inside(root, chunk.file, referrer=root, key=None), "rb") as f:
             f.seek(chunk.byte_offset)
-            return looks_like_safetensors(f.read(9))
+            head = f.read(9)
     except (InspectorError, OSError):
         return False
+    return not is_zip(head) and head[8:9] == b"{"
 
 
 def _blob_header(root: Path, name: str, starts: set[int]) -> Header:
@@ -329,6 +344,7 @@ def _entries(md: Any, root: Path, metadata_path: Path) -> list[Entry]:
         referrer=metadata_path,
     )
     entries = []
+    source = metadata_path.name
     for key, item in state.items():
         if not isinstance(key, str):
             raise CorruptCheckpointError(
@@ -338,14 +354,14 @@ def _entries(md: Any, root: Path, metadata_path: Path) -> list[Entry]:
         where = storage.get(key, {})
         try:
             if isinstance(item, TensorStorageMetadata):
-                entries.append(_tensor_entry(key, item, nested, where, sizes))
+                entries.append(_tensor_entry(key, item, nested, where, sizes, source))
             elif isinstance(item, BytesStorageMetadata):
-                entries.append(_object_entry(key, nested, where, sizes))
+                entries.append(_object_entry(key, nested, where, sizes, source))
             else:
                 raise TypeError(f"unknown storage metadata {type(item).__name__}")
-        except (TypeError, ValueError, AttributeError) as exc:
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             entries.append(
-                Entry(key, "object", nested_path=nested, error=f"malformed metadata ({exc})")
+                Entry(key, "object", nested_path=nested, error=f"malformed {source} ({exc})")
             )
     return entries
 
@@ -370,7 +386,8 @@ def _storage_by_key(storage_data: Any, metadata_path: Path) -> dict[str, dict[tu
     return by_key
 
 
-def _tensor_entry(key: str, md: Any, nested: tuple, where: dict, sizes: dict) -> Entry:
+def _tensor_entry(key: str, md: Any, nested: tuple, where: dict, sizes: dict, source: str) -> Entry:
+    """The entry of a tensor; problems that ``.metadata`` itself shows are named after it."""
     dtype = getattr(getattr(md, "properties", None), "dtype", None)
     shape = tuple(md.size) if isinstance(md.size, (tuple, list)) else None
     entry = Entry(
@@ -381,34 +398,32 @@ def _tensor_entry(key: str, md: Any, nested: tuple, where: dict, sizes: dict) ->
         nested_path=nested,
     )
     if entry.dtype is None or shape is None or not _valid_shape(shape):
-        entry.error = f"metadata gives an invalid dtype {dtype!r} or shape {md.size!r}"
+        entry.error = f"{source} gives an invalid dtype {dtype!r} or shape {md.size!r}"
         return entry
     chunks, problems = [], []
     for chunk in md.chunks if isinstance(md.chunks, list) else []:
         offsets, csizes = tuple(chunk.offsets), tuple(chunk.sizes)
         info = where.get(offsets)
         if info is None:
-            problems.append(f"no storage record for the chunk at offsets {list(offsets)}")
+            problems.append(f"{source} has no storage record for the chunk at {list(offsets)}")
             continue
         chunks.append(_chunk(offsets, csizes, info))
-        problems.extend(_chunk_problems(chunks[-1], shape, sizes))
+        problems.extend(_chunk_problems(chunks[-1], shape, sizes, source))
     entry.chunks = tuple(chunks)
-    if not problems and sum(c.numel for c in chunks) != entry.numel:
-        problems.append(
-            f"chunks hold {sum(c.numel for c in chunks)} elements, the tensor has {entry.numel}"
-        )
+    if not problems and (layout := layout_problem(shape, entry.chunks)):
+        problems.append(f"{layout} (per {source})")
     entry.error = problems[0] if problems else None
     return entry
 
 
-def _object_entry(key: str, nested: tuple, where: dict, sizes: dict) -> Entry:
+def _object_entry(key: str, nested: tuple, where: dict, sizes: dict, source: str) -> Entry:
     info = where.get(None) or next(iter(where.values()), None)
     entry = Entry(key, "object", nested_path=nested)
     if info is None:
-        entry.error = "no storage record for this object"
+        entry.error = f"{source} has no storage record for this object"
         return entry
     entry.chunks = (_chunk((), (), info),)
-    problems = _chunk_problems(entry.chunks[0], (), sizes)
+    problems = _chunk_problems(entry.chunks[0], (), sizes, source)
     entry.error = problems[0] if problems else None
     return entry
 
@@ -426,15 +441,15 @@ def _valid_shape(shape: tuple) -> bool:
     )
 
 
-def _chunk_problems(chunk: ChunkInfo, shape: tuple, sizes: dict) -> list[str]:
+def _chunk_problems(chunk: ChunkInfo, shape: tuple, sizes: dict, source: str) -> list[str]:
     size = sizes.get(chunk.file, f"bad file name {chunk.file!r}")
     if isinstance(size, str):
         return [size]
-    problems = []
     if not (isinstance(chunk.byte_offset, int) and isinstance(chunk.byte_length, int)) or (
         chunk.byte_offset < 0 or chunk.byte_length < 0
     ):
         return [f"bad byte range {chunk.byte_offset!r}+{chunk.byte_length!r} in {chunk.file}"]
+    problems = []
     if chunk.byte_offset + chunk.byte_length > size:
         problems.append(
             f"{chunk.file} has {size} bytes but the chunk at {list(chunk.offsets)} ends at byte "
@@ -450,6 +465,51 @@ def _chunk_problems(chunk: ChunkInfo, shape: tuple, sizes: dict) -> list[str]:
     ):
         problems.append(
             f"chunk at offsets {list(chunk.offsets)} size {list(chunk.sizes)} "
-            f"lies outside shape {list(shape)}"
+            f"lies outside shape {list(shape)} (per {source})"
         )
     return problems
+
+
+def _check_items(entries: list[Entry], safetensors: set[str], source: str) -> None:
+    """Mark entries whose items cannot hold what ``.metadata`` claims, and items that share
+    bytes (each item of a genuine file has its own byte range)."""
+    ranges = []
+    for entry in entries:
+        if entry.error:
+            continue
+        for chunk in entry.chunks:
+            if entry.kind == "tensor" and chunk.file not in safetensors:
+                entry.error = entry.error or _too_small(entry, chunk, source)
+            end = chunk.byte_offset + chunk.byte_length
+            ranges.append((chunk.file, chunk.byte_offset, end, entry))
+    for (file, start, end, entry), (_, _, _, other) in _overlaps(ranges):
+        for one, two in ((entry, other), (other, entry)):
+            one.error = one.error or (
+                f"bytes {start}..{end} of {file} overlap the item of key {two.key!r} (per {source})"
+            )
+
+
+def _too_small(entry: Entry, chunk: ChunkInfo, source: str) -> str | None:
+    """Why the chunk's item is too small for its elements (None if it is not), so a lying
+    shape is refused before anything is allocated for it. Quantized subclasses store less
+    than their logical dtype, but no format stores an element in under a bit."""
+    elements = math.prod(chunk.sizes)
+    room = chunk.byte_length * 8 * (_MAX_ZSTD_RATIO if chunk.transforms else 1)
+    if elements <= room:
+        return None
+    return (
+        f"the chunk at {list(chunk.offsets)} has {elements} elements but its item in "
+        f"{chunk.file} has only {chunk.byte_length} bytes (per {source})"
+    )
+
+
+def _overlaps(ranges: list[tuple]) -> list[tuple[tuple, tuple]]:
+    """Pairs of (file, start, end, ...) ranges that share bytes; empty ranges share none."""
+    found = []
+    last: tuple | None = None
+    for item in sorted((r for r in ranges if r[2] > r[1]), key=lambda r: (r[0], r[1])):
+        if last is not None and last[0] == item[0] and item[1] < last[2]:
+            found.append((item, last))
+        if last is None or last[0] != item[0] or item[2] > last[2]:
+            last = item
+    return found

@@ -50,7 +50,7 @@ class ShardedSource:
         self._shards = {name: _open_shard(root, name, referrer) for name in names}
         opened = {n: s for n, s in self._shards.items() if not isinstance(s, str)}
         self.dcp = any(s.offsets is not None for s in opened.values())
-        pieces, extras = _pieces(weight_map, self._shards)
+        pieces, extras = _pieces(weight_map, self._shards, referrer.name)
         self._entries = [self._merge(key, p) for key, p in pieces.items()]
         self._pieces = {key: p for key, p in pieces.items() if not isinstance(p, str)}
         self.format = self._format(opened, names)
@@ -185,18 +185,18 @@ def _open_shard(root: Path, name: str, referrer: Path) -> Shard | str:
 
 
 def _pieces(
-    weight_map: dict[str, Any] | None, shards: dict[str, Shard | str]
+    weight_map: dict[str, Any] | None, shards: dict[str, Shard | str], index: str
 ) -> tuple[dict[str, list[Piece] | str], list[str]]:
     """Each key's stored pieces (or why it has none), and keys in shards but not in the index."""
     pieces: dict[str, list[Piece] | str] = {}
     for key, name in (weight_map or {}).items():
         shard = shards.get(name) if isinstance(name, str) else None
         if not isinstance(name, str):
-            pieces[key] = f"the index maps it to {name!r}, not a file name"
+            pieces[key] = f"{index} maps it to {name!r}, not a file name"
         elif isinstance(shard, str):
             pieces[key] = shard
         elif (sub := shard.entry(key)) is None:
-            pieces[key] = f"the index puts it in {name}, which does not hold it"
+            pieces[key] = f"{index} puts it in {name}, which does not hold it"
         else:
             pieces[key] = [(name, sub)]
     extras = []

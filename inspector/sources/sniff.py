@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inspector.errors import NotACheckpointError
+from inspector.errors import CorruptCheckpointError, NotACheckpointError
 from inspector.sources.archive import is_legacy_torch, is_tar, is_zip
 from inspector.sources.safetensors_file import looks_like_safetensors
 
@@ -39,6 +39,10 @@ def open_file(path: Path, name: str | None = None) -> SafetensorsSource | TorchS
         return SafetensorsSource(path, name)
     if kind == "torch-save":
         return TorchSaveSource(path, name)
+    if path.stat().st_size == 0:
+        raise CorruptCheckpointError("the file is empty (0 bytes)", file=path)
+    if path.name.endswith(".safetensors"):
+        return SafetensorsSource(path, name)  # named so: its header check says what is wrong
     raise NotACheckpointError(
         "neither a safetensors file nor a torch.save archive (judged by its content)", file=path
     )

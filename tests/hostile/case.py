@@ -1,0 +1,60 @@
+"""What a hostile case is: a damaged or malicious copy of a genuine checkpoint, and what the
+inspector must do with it."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from inspector.errors import InspectorError
+
+
+@dataclass(frozen=True)
+class Genuine:
+    """Checkpoints written by the real producers (session fixtures), never modified."""
+
+    seed: Path  # DCP, one process, one .distcp: 21 model tensors
+    flat: Path  # DCP, two FSDP2 ranks: sharded tensors, optimizer state, objects
+    safetensors: Path  # one safetensors file, every dtype
+    hub: Path  # huggingface_hub shards + model.safetensors.index.json
+    pt: Path  # torch.save of a nested training state
+    model_bin: Path  # torch.save of a model state_dict
+    legacy: Path  # torch.save in the pre-1.6 format
+    distcp_safetensors: Path  # DCP FileSystemWriter(serialization_format=SAFETENSORS)
+
+    def copy(self, name: str, dest: Path) -> Path:
+        """A private copy of one of them, free to damage, inside ``dest``."""
+        source = getattr(self, name)
+        dest.mkdir(parents=True, exist_ok=True)
+        target = dest / source.name
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            shutil.copyfile(source, target)
+        return target
+
+
+@dataclass(frozen=True)
+class Case:
+    """A checkpoint at ``path`` and what opening, reading, diffing and exporting it must do.
+
+    ``refused``: ``inspector.open`` raises ``error`` naming ``file``. Otherwise it opens,
+    exactly the keys in ``bad`` are unreadable (each error names the key and ``file``) and
+    every other entry reads the same as in ``reference``. Every error also says ``says``.
+    ``marker`` must never appear and ``victim`` never disappear (payloads aim at them).
+    """
+
+    path: Path
+    file: str | None = None
+    says: str | None = None
+    refused: bool = False
+    bad: frozenset[str] = frozenset()
+    error: type[InspectorError] = InspectorError
+    reference: Path | None = None
+    marker: Path | None = None
+    victim: Path | None = None
+
+
+Generator = Callable[[Genuine, Path], Case]

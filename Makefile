@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 TORCH  := torch==2.13.0
 DEMO   := demo_checkpoints
 
-.PHONY: test demo dev-env lint clean
+.PHONY: test fuzz demo dev-env lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ dev-env: $(PY)
 test: dev-env
 	$(PY) -m ruff check inspector tests benchmarks
 	$(PY) -m pytest
+
+# Many more fuzz examples than `make test` runs, with a fresh seed each time.
+fuzz: dev-env
+	FUZZ_PROFILE=fuzz $(PY) -m pytest tests/test_fuzz.py
 
 demo: $(DEMO)/.built
 	$(VENV)/bin/jupyter lab notebooks/inspect.ipynb

@@ -202,22 +202,28 @@ def write_torch_save(path: Path, structure: Any, progress: Callable[[Item], None
         id(item): _Storage(str(i), item.dtype, math.prod(item.shape))
         for i, item in enumerate(items)
     }
-    writer = torch._C.PyTorchFileWriter(str(path))
-    for item in items:
-        writer.write_record_metadata(f"data/{storages[id(item)].key}", item.nbytes)
     buffer = io.BytesIO()
     _ArchivePickler(buffer, protocol=2).dump(
         _replace_leaves(structure, lambda item: _TensorReduction(item, storages[id(item)]))
     )
-    for name, data in (
-        ("data.pkl", buffer.getvalue()),
-        (".format_version", b"1"),
-        (".storage_alignment", b"64"),
-        ("byteorder", sys.byteorder.encode()),
-    ):
-        writer.write_record(name, data, len(data))
-    writer.write_end_of_file()
-    del writer
+    with open(path, "wb", buffering=0) as f:
+        sink = _Sink(f)
+        writer = torch._C.PyTorchFileWriter(sink)
+        try:
+            for item in items:
+                writer.write_record_metadata(f"data/{storages[id(item)].key}", item.nbytes)
+            for name, data in (
+                ("data.pkl", buffer.getvalue()),
+                (".format_version", b"1"),
+                (".storage_alignment", b"64"),
+                ("byteorder", sys.byteorder.encode()),
+            ):
+                writer.write_record(name, data, len(data))
+            writer.write_end_of_file()
+        finally:
+            del writer  # an unfinished writer finishes the archive here, into the sink
+        if sink.error is not None:
+            raise sink.error
     with open(path, "r+b", buffering=0) as f:
         archive = TorchArchive(f, str(path), 0, os.fstat(f.fileno()).st_size, None)
         crcs = {}
@@ -228,6 +234,34 @@ def write_torch_save(path: Path, structure: Any, progress: Callable[[Item], None
             progress(item)
         _set_crcs(f, crcs)
         os.fsync(f.fileno())
+
+
+class _Sink:
+    """What torch's zip writer writes through. A failed write (disk full, ...) is kept and
+    raised by the caller once torch is done: torch's writer would throw again from its
+    destructor, which aborts the whole process."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data: Any) -> int:
+        if self.error is None:
+            try:
+                _write_all(self.f.fileno(), data)
+            except OSError as exc:
+                self.error = exc
+        return memoryview(data).nbytes
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if self.error is None:
+            try:
+                return self.f.seek(offset, whence)
+            except OSError as exc:
+                self.error = exc
+        return 0
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
 
 
 def _write_item(fd: int, item: Item, *, crc: bool) -> int:

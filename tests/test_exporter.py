@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from inspector.errors import ExportError
 from tests.conftest import run_python
 from tests.fixtures.damage import tree_hash
 from tests.fixtures.formats import same
+from tests.hostile.pipeline import Probe, export_options, read_every_entry
 
 
 def test_safetensors_single_file_is_the_flat_model(demo_dir: Path, tmp_path: Path) -> None:
@@ -292,21 +295,78 @@ def test_interrupted_export_leaves_nothing(demo_dir: Path, tmp_path: Path, forma
     assert [p for p in leftovers if p.is_file()] == []
 
 
-def test_disk_full_midway_leaves_nothing(demo_dir: Path, tmp_path: Path) -> None:
-    """A real write failure (file size limit, like ENOSPC) in the middle of an export."""
+@pytest.mark.parametrize(
+    ("format", "limit"),
+    [("safetensors", 150_000), ("pt", 1_000), ("pt", 150_000)],
+)
+def test_disk_full_midway_leaves_nothing(
+    demo_dir: Path, tmp_path: Path, format: str, limit: int
+) -> None:
+    """A real write failure (file size limit, like ENOSPC) in the middle of an export: an
+    OSError, no file left, and the process lives on (for .pt, torch's zip writer must not
+    see the error: it would throw again from its destructor and abort the process)."""
     code = (
         "import resource, signal, sys, inspector\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-        "resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), int(sys.argv[3])))\n"
         "try:\n"
-        "    inspector.export(sys.argv[1], sys.argv[2], max_shard_size='1MB', progress=False)\n"
+        "    inspector.export(sys.argv[1], sys.argv[2], format=sys.argv[4],\n"
+        "                     max_shard_size='1MB', progress=False)\n"
         "except OSError as exc:\n"
         "    print('OSError', exc.errno)\n"
     )
-    done = run_python(code, str(demo_dir / "flat"), str(tmp_path / "out"))
+    out = tmp_path / ("out.pt" if format == "pt" else "out")
+    done = run_python(code, str(demo_dir / "flat"), str(out), str(limit), format)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("OSError")
+    assert done.stdout.split() == ["OSError", str(errno.EFBIG)]
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize(
+    "name", ["seed", "flat", "distcp_safetensors", "pt", "legacy", "safetensors", "hub"]
+)
+def test_every_entry_point_leaves_the_source_byte_identical(
+    genuine, tmp_path: Path, name: str
+) -> None:
+    source = genuine.copy(name, tmp_path / "source")
+    before = tree_hash(source)
+    ck = inspector.open(source)
+    ck.table()
+    ck.scan(progress=False)
+    ck.tree("prefixed")
+    ck.consistency()
+    assert not read_every_entry(Probe(), ck)
+    inspector.check_keys(ck, source)
+    assert inspector.diff(ck, source, progress=False).equal.all()
+    for fmt in ("safetensors", "pt"):
+        out = tmp_path / ("out.pt" if fmt == "pt" else "out")
+        assert inspector.export(ck, out, **export_options(ck, fmt)).verification.ok
+    assert tree_hash(source) == before
+
+
+def test_concurrent_exports_do_not_interfere(demo_dir: Path, tmp_path: Path) -> None:
+    """Six threads export one opened checkpoint to six folders at once, in both formats."""
+    ck = inspector.open(demo_dir / "flat")
+    jobs = [
+        (fmt, tmp_path / str(i) / ("model.pt" if fmt == "pt" else ""))
+        for i, fmt in enumerate(["safetensors", "pt"] * 3)
+    ]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(
+            pool.map(lambda job: inspector.export(ck, job[1], format=job[0], progress=False), jobs)
+        )
+    model = {k: ck.read(k) for k in ck.keys() if ck.entry(k).component == "model"}
+    for (fmt, out), result in zip(jobs, results, strict=True):
+        assert result.verification.ok and result.tensors == len(model)
+        if fmt == "pt":
+            written = torch.load(out, weights_only=True)
+        else:
+            written = load_file(out / "model.safetensors")
+        assert written.keys() == model.keys()
+        assert all(same(written[k], v) for k, v in model.items())
+    safetensors = {(out / "model.safetensors").read_bytes() for fmt, out in jobs if fmt != "pt"}
+    assert len(safetensors) == 1
+    assert not [p for p in tmp_path.rglob("*") if ".inspector-" in p.name]
 
 
 def test_unreadable_entries_fail_or_are_skipped(demo_copy, tmp_path: Path) -> None:

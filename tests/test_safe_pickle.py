@@ -67,7 +67,7 @@ def test_metadata_refuses_data_classes(tmp_path: Path) -> None:
 def test_metadata_that_is_not_metadata() -> None:
     with pytest.raises(CorruptCheckpointError, match="not DCP Metadata"):
         safe_pickle.load_metadata(pickle.dumps({"a": 1}), file="m")
-    with pytest.raises(CorruptCheckpointError, match="cannot decode"):
+    with pytest.raises(CorruptCheckpointError, match="not a well-formed pickle"):
         safe_pickle.load_metadata(pickle.dumps({"a": 1})[:-3], file="m")
 
 

@@ -63,6 +63,20 @@ class FileWindow(io.RawIOBase):
         return got
 
 
+class WindowReader(io.BufferedReader):
+    """Buffered reading of a FileWindow. ``read(n)`` is clamped to the bytes left first:
+    BufferedReader itself reserves ``n`` bytes, and ``n`` may come from damaged data."""
+
+    def __init__(self, window: FileWindow) -> None:
+        super().__init__(window)
+        self._end = window.seek(0, os.SEEK_END)
+        window.seek(0)
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = max(0, self._end - self.tell())
+        return super().read(left if size is None or size < 0 else min(size, left))
+
+
 @dataclass(frozen=True)
 class Record:
     """A stored (uncompressed) zip member: ``size`` bytes at absolute file offset ``start``."""
@@ -353,10 +367,10 @@ class LegacyArchive(StoredTensors):
 
     def __init__(self, f: BinaryIO, path: str, length: int) -> None:
         self.f, self.path, self.key = f, path, None
-        f.seek(0)
-        self._value, storages = safe_pickle.load_legacy_torch(f, file=path)
+        pickles = WindowReader(FileWindow(f, 0, length))
+        self._value, storages = safe_pickle.load_legacy_torch(pickles, file=path)
         self._records: dict[str, Record | str] = {}
-        position = f.tell()
+        position = pickles.tell()
         for storage in storages:
             record = self._walk(storage, position, length)
             self._records[storage.key] = record

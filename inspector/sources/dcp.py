@@ -429,7 +429,12 @@ def _object_entry(key: str, nested: tuple, where: dict, sizes: dict, source: str
 
 
 def _chunk(offsets: tuple, sizes: tuple, info: Any) -> ChunkInfo:
+    """The chunk an item's ``_StorageInfo`` describes (TypeError if it is not one)."""
     transforms = getattr(info, "transform_descriptors", None) or ()
+    if not isinstance(info.relative_path, str) or (
+        transforms and not all(isinstance(t, str) for t in transforms)
+    ):
+        raise TypeError(f"storage record {info!r} names no file")
     return ChunkInfo(
         offsets, sizes, info.relative_path, info.offset, info.length, tuple(transforms)
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import pickletools
 import struct
 from collections.abc import Callable
 from functools import partial
@@ -195,6 +196,23 @@ def _file_cut(name: str, size: Callable[[int], int], genuine: Genuine, tmp: Path
     return Case(path, path.name, refused=True, error=CorruptCheckpointError)
 
 
+def _metadata_pickle(edit: str, genuine: Genuine, tmp: Path) -> Case:
+    """``.metadata`` whose pickle opcodes claim what no pickle of its size needs: a memo
+    index of 2^31 (the C unpickler would size its memo table, 16 GiB, to fit it) or a
+    frame starting inside another (which the C unpickler can answer with MemoryError)."""
+    folder = genuine.copy("seed", tmp)
+    path = folder / ".metadata"
+    if edit == "memo-index":
+        raw = bytearray(pickle.dumps(dcp_metadata(folder), protocol=2))
+        at = next(p for op, _, p in pickletools.genops(bytes(raw)) if op.name == "LONG_BINPUT")
+        struct.pack_into("<I", raw, at + 1, 1 << 31)
+        path.write_bytes(raw)
+    else:
+        raw = path.read_bytes()
+        path.write_bytes(raw[:51] + raw[2:])  # after the first MEMOIZE: a frame opens
+    return Case(folder, ".metadata", refused=True, error=CorruptCheckpointError)
+
+
 def _empty_metadata(genuine: Genuine, tmp: Path) -> Case:
     folder = genuine.copy("seed", tmp)
     truncate(folder / ".metadata", 0)
@@ -337,6 +355,8 @@ CASES: dict[str, Generator] = {
     },
     "damage:no-record@storage_info": _no_storage_record,
     "damage:empty@metadata": _empty_metadata,
+    "damage:memo-index@metadata": partial(_metadata_pickle, "memo-index"),
+    "damage:nested-frame@metadata": partial(_metadata_pickle, "nested-frame"),
     "damage:numel-overflow@metadata": partial(_shape, (1 << 63,), "invalid"),
     "damage:huge-shape@metadata": partial(_shape, (1 << 40,), "elements but its item"),
     "damage:negative-shape@metadata": partial(_shape, (-64,), "invalid"),

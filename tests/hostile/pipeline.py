@@ -4,6 +4,7 @@ what the whole run allocated."""
 from __future__ import annotations
 
 import re
+import resource
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -50,13 +51,17 @@ class Probe:
 
 
 def read_every_entry(probe: Probe, ck: Checkpoint) -> dict[str, InspectorError]:
-    """Read every tensor and object; the errors, by key."""
+    """Read every tensor (checking it has the listed dtype and shape) and object; the
+    errors, by key."""
     errors = {}
     for key in ck.keys():
-        read = ck.read if ck.entry(key).kind == "tensor" else ck.read_object
-        _, error = probe.call(f"read {key}", read, key)
+        entry = ck.entry(key)
+        read = ck.read if entry.kind == "tensor" else ck.read_object
+        value, error = probe.call(f"read {key}", read, key)
         if error is not None:
             errors[key] = error
+        elif entry.kind == "tensor":
+            assert (value.dtype, tuple(value.shape)) == (entry.dtype, entry.shape), key
     return errors
 
 
@@ -85,18 +90,25 @@ def _status_kb(field_name: str) -> int:
 
 
 @contextmanager
-def usage() -> Iterator[Usage]:
-    """Measure the block's peak allocations: tracemalloc's peak, and the peak resident set
-    (reset through /proc/self/clear_refs) above what was resident before."""
+def usage(trace: bool = True, budget: int = 1 << 30) -> Iterator[Usage]:
+    """Allow the block ``budget`` more bytes of address space (RLIMIT_AS), so allocating
+    what a lying size claims fails (MemoryError, torch's RuntimeError) instead of quietly
+    reserving it; and measure its peaks: tracemalloc's (when ``trace``: it slows Python
+    down) and the resident set's (reset through /proc/self/clear_refs) above before."""
     used = Usage()
     Path("/proc/self/clear_refs").write_text("5")
     resident = _status_kb("VmRSS")
-    tracemalloc.start()
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (_status_kb("VmSize") * 1024 + budget, limits[1]))
+    if trace:
+        tracemalloc.start()
     try:
         yield used
     finally:
-        used.traced_peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+        resource.setrlimit(resource.RLIMIT_AS, limits)
+        if trace:
+            used.traced_peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
         used.rss_growth = max(0, _status_kb("VmHWM") - resident) * 1024
 
 

@@ -19,6 +19,7 @@ class Tally:
     traced_peak: tuple[int, str] = (0, "")
     rss_growth: tuple[int, str] = (0, "")
     examples: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
     slowest_example: tuple[float, str] = (0.0, "")
 
     def measured(self, name: str, slowest: tuple[float, str], traced: int, rss: int) -> None:
@@ -26,8 +27,9 @@ class Tally:
         self.traced_peak = max(self.traced_peak, (traced, name))
         self.rss_growth = max(self.rss_growth, (rss, name))
 
-    def example(self, family: str, seconds: float) -> None:
+    def example(self, family: str, seconds: float, outcome: str) -> None:
         self.examples[family] += 1
+        self.outcomes[outcome] += 1
         self.slowest_example = max(self.slowest_example, (seconds, family))
 
     def summary(self, failed_ids: list[str]) -> list[str]:
@@ -44,10 +46,11 @@ class Tally:
         if self.examples:
             failures = sum(i.startswith(_FUZZ) for i in failed_ids)
             families = ", ".join(f"{k} {v}" for k, v in sorted(self.examples.items()))
+            outcomes = ", ".join(f"{v} {k}" for k, v in sorted(self.outcomes.items()))
             lines.append(
                 f"fuzz: {sum(self.examples.values())} examples ({families}), {failures} "
-                f"failures; slowest example {self.slowest_example[0]:.2f} s "
-                f"({self.slowest_example[1]})"
+                f"failures; outcomes: {outcomes}; slowest example "
+                f"{self.slowest_example[0]:.2f} s ({self.slowest_example[1]})"
             )
         return lines
 

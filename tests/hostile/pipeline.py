@@ -90,7 +90,7 @@ def _status_kb(field_name: str) -> int:
 
 
 @contextmanager
-def usage(trace: bool = True, budget: int = 1 << 30) -> Iterator[Usage]:
+def usage(trace: bool = True, budget: int = 2 << 30) -> Iterator[Usage]:
     """Allow the block ``budget`` more bytes of address space (RLIMIT_AS), so allocating
     what a lying size claims fails (MemoryError, torch's RuntimeError) instead of quietly
     reserving it; and measure its peaks: tracemalloc's (when ``trace``: it slows Python

@@ -219,6 +219,19 @@ def test_rename_regex_exact_and_callable(demo_dir: Path, tmp_path: Path) -> None
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
 
 
+def test_stored_keys_of_a_mapping_rename_exactly(demo_dir: Path, tmp_path: Path) -> None:
+    ck = inspector.open(demo_dir / "flat")
+    report = inspector.check_keys(ck, [f"model.{k}" for k in ck.keys() if "optimizer" not in k])
+    mapping = report.mapping()
+    assert mapping["norm.weight"] == "model.norm.weight"
+    out = tmp_path / "all.pt"
+    inspector.export(ck, out, format="pt", model_only=False, rename=mapping, progress=False)
+    names = set(torch.load(out, weights_only=True))
+    assert {mapping[k] for k in mapping} <= names
+    assert "optimizer.state.norm.weight.exp_avg" in names
+    assert "optimizer.state.model.norm.weight.exp_avg" not in names
+
+
 def test_aliased_tensors(tmp_path: Path) -> None:
     emb = torch.randn(10, 4)
     torch.save({"embed.weight": emb, "head.weight": emb, "view": emb[2:5]}, tmp_path / "tied.pt")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import html
 import re
+import weakref
 from pathlib import Path
 
 import pytest
@@ -60,6 +62,20 @@ def test_bad_path_is_explained_and_can_be_fixed(demo_dir: Path, tmp_path: Path) 
     assert app.errors.value == "" and app.ck.layout == "model-only"
     assert repr(app) == f"<Inspector {app.ck!r}>"
     assert "model-only" in text(app.header)
+
+
+def test_reopening_and_closing_free_the_checkpoint(demo_dir: Path) -> None:
+    app = Inspector(demo_dir / "fp8")
+    first = weakref.ref(app.ck)
+    app.path.value = str(demo_dir / "flat")
+    app.open_button.click()
+    gc.collect()
+    assert first() is None and app.ck.layout == "flat"
+    second = weakref.ref(app.ck)
+    app.close()
+    del app
+    gc.collect()
+    assert second() is None
 
 
 def test_tree_expands_and_views_respell(fp8_app: Inspector) -> None:

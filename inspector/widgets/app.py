@@ -20,6 +20,14 @@ from inspector.widgets.tree import TreePanel
 TABS = ("Keys", "FQN check", "Export")
 
 
+def close_all(widget: w.Widget) -> None:
+    """Close a widget and every widget inside it: ipywidgets keeps open ones (and, through
+    their callbacks, the checkpoint) alive."""
+    for child in getattr(widget, "children", ()):
+        close_all(child)
+    widget.close()
+
+
 class Inspector(w.VBox):
     """``display(inspector.Inspector(path))``: browse, diagnose and export one checkpoint.
 
@@ -56,13 +64,25 @@ class Inspector(w.VBox):
 
     def load(self) -> None:
         """Open the checkpoint at the path box's value and show it."""
-        self.body.children = [w.HTML(note(f"opening {self.path.value} ..."))]
+        self._replace_body([w.HTML(note(f"opening {self.path.value} ..."))])
         try:
             ck = inspector.open(self.path.value.strip())
         except Exception:
-            self.body.children = []
+            self._replace_body([])
             raise
         self._show(ck)
+
+    def close(self) -> None:
+        """Close the whole app, so that it and its checkpoint can be freed."""
+        for child in self.children:
+            close_all(child)
+        super().close()
+
+    def _replace_body(self, children: list[w.Widget]) -> None:
+        old = self.body.children
+        self.body.children = children
+        for widget in old:
+            close_all(widget)
 
     def _show(self, ck: Checkpoint) -> None:
         self.ck = ck
@@ -73,7 +93,7 @@ class Inspector(w.VBox):
         self.doctor = DoctorPanel(ck, self.errors, self._apply_rewrite)
         self.tabs = w.Tab(children=[self.tree, self.doctor, self.export], titles=TABS)
         self.tabs.add_class("inspector-tabs")
-        self.body.children = [self.header, self.tabs]
+        self._replace_body([self.header, self.tabs])
 
     def _apply_rewrite(self, report: KeyReport) -> None:
         self.export.use_rewrite(report)

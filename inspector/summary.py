@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from inspector.checkpoint import Checkpoint
 from inspector.gc_pause import paused_gc
 from inspector.model import COMPONENTS
-from inspector.tree import Totals
+from inspector.tree import Totals, ordered_totals, sized, tally
 
 # DCP names data files __<rank>_<n>.distcp and, without collectives, __<rank>.metadata.
 _RANK_FILE = re.compile(r"__(\d+)(?:_\d+\.distcp|\.metadata)$")
@@ -34,31 +34,22 @@ class Summary:
 
 def summarize(ck: Checkpoint) -> Summary:
     """Count and size everything from metadata alone (nothing is read), in one pass."""
-    by_dtype: dict[object, list[int]] = {}
+    by_dtype: dict[str, list[int]] = {}
     by_component: dict[str, list[int]] = {}
-    tensors = [0, 0, 0]
+    tensors: dict[str, list[int]] = {}
     with paused_gc():
         for e in ck.entries():
-            numel, nbytes = e.numel, e.nbytes
-            for totals, name in ((by_dtype, e.dtype or e.kind), (by_component, e.component)):
-                acc = totals.get(name)
-                if acc is None:
-                    totals[name] = [1, numel, nbytes]
-                else:
-                    acc[0] += 1
-                    acc[1] += numel
-                    acc[2] += nbytes
+            name, numel, nbytes = sized(e)
+            tally(by_dtype, name, numel, nbytes)
+            tally(by_component, e.component, numel, nbytes)
             if e.kind == "tensor":
-                tensors[0] += 1
-                tensors[1] += numel
-                tensors[2] += nbytes
-    dtypes = {str(d).removeprefix("torch."): Totals(*acc) for d, acc in by_dtype.items()}
+                tally(tensors, e.kind, numel, nbytes)
     return Summary(
         layout=ck.layout,
         layout_reason=ck.describe_layout().splitlines()[-1].removeprefix("- "),
         keys=len(ck),
-        tensors=Totals(*tensors),
-        by_dtype=dict(sorted(dtypes.items(), key=lambda kv: (-kv[1].nbytes, kv[0]))),
+        tensors=Totals(*tensors.get("tensor", (0, 0, 0))),
+        by_dtype=ordered_totals(by_dtype),
         by_component={
             c: Totals(*by_component[c]) for c in (*COMPONENTS, "other") if c in by_component
         },

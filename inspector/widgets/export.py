@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import ipywidgets as w
@@ -145,7 +146,7 @@ class ExportPanel(w.VBox):
         """Check the settings here, then export in a worker thread."""
         if self.thread is not None and self.thread.is_alive():
             return
-        options = self._read_form()
+        options = replace(self._read_form())  # the thread's own copy: the form may change
         self.result = None
         self.export_button.disabled = True
         self.progress.value, self.progress.bar_style = 0.0, ""

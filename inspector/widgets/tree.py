@@ -123,7 +123,9 @@ class TreePanel(w.VBox):
             self.outline.expand_all(EXPAND_MATCHES)
             self.status.value = note(f"{root.count:,} of {len(self.ck):,} keys match")
         else:
-            self.status.value = note(f"{root.count:,} keys, {view} spelling")
+            self.status.value = note(
+                f"{root.count:,} keys, {view} spelling; select a row to open it"
+            )
         spelled = view_key(keep, view) if keep is not None else ""
         if spelled and _holds(root, spelled):
             self.outline.reveal(spelled)

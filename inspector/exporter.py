@@ -264,7 +264,7 @@ def _name_outputs(
         entry = ck.entry(output.sources[0])
         suffix = output.name[len(entry.key) :]
         base = keys.view_key(entry, "flattened") if flatten else entry.key
-        name = rename_fn(entry.key, base + suffix)
+        name = rename_fn(entry.key, base) + suffix  # split FP8 parts follow their tensor
         if name in seen:
             raise ExportError(
                 f"two tensors would both be written as {name!r}: "

@@ -417,3 +417,23 @@ def test_pt_round_trips_every_dtype_as_a_valid_zip(tmp_path: Path) -> None:
     inspector.export(tmp_path / "st.pt", tmp_path / "st", fp8="keep", progress=False)
     for key, value in load_file(tmp_path / "st" / "model.safetensors").items():
         assert same(value, zoo[key]), key
+
+
+def test_keep_mode_parts_follow_a_renamed_tensor(tmp_path: Path) -> None:
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+
+    weight = torch.randn(16, 32)
+    f8 = hp_tensor_to_float8_dynamic(weight, torch.float8_e4m3fn, LinearMMConfig())
+    torch.save({"w": f8, "b": torch.ones(4)}, tmp_path / "f8.pt")
+    result = inspector.export(
+        tmp_path / "f8.pt",
+        tmp_path / "out",
+        fp8="keep",
+        rename={"w": "layer.w", "b": "layer.b"},
+        progress=False,
+    )
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(written) == ["layer.b", "layer.w", "layer.w_scale"]
+    assert same(written["layer.w"], f8._data) and same(written["layer.w_scale"], f8._scale)
+    assert result.verification.ok

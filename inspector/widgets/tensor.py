@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 
 import ipywidgets as w
 
@@ -19,13 +20,13 @@ HISTOGRAM_BINS = 64
 STAT_FIELDS = ("min", "max", "mean", "std", "absmax", "l2", "zeros", "nan", "inf")
 
 
-def histogram_png(ck: Checkpoint, key: str) -> bytes:
+def histogram_png(ck: Checkpoint, key: str, range: tuple[float, float] | None = None) -> bytes:
     """The histogram figure as PNG bytes (Agg canvas, no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from inspector.stats import plot_histogram
 
-    figure = plot_histogram(ck, key, HISTOGRAM_BINS)
+    figure = plot_histogram(ck, key, HISTOGRAM_BINS, range=range)
     FigureCanvasAgg(figure)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=72)
@@ -113,7 +114,9 @@ class TensorPanel(w.VBox):
         found = self.ck.stats(key)
         rows = [(name, _number(getattr(found, name))) for name in STAT_FIELDS]
         self.stats.value = heading("statistics") + table(("", "value"), rows)
-        self.histogram.value = histogram_png(self.ck, key)
+        finite = math.isfinite(found.min) and math.isfinite(found.max)
+        span = (found.min, found.max) if finite else None
+        self.histogram.value = histogram_png(self.ck, key, span)
         self.histogram.layout.display = ""
 
     def show_value(self) -> None:

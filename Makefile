@@ -5,6 +5,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 TORCH  := torch==2.13.0
 DEMO   := demo_checkpoints
+# JupyterLab refuses to start as root (containers, CI machines) unless told it is fine.
+LAB_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: test fuzz demo dev-env lint clean
 
@@ -25,7 +27,7 @@ fuzz: dev-env
 	FUZZ_PROFILE=fuzz $(PY) -m pytest tests/test_fuzz.py
 
 demo: $(DEMO)/.built
-	$(VENV)/bin/jupyter lab notebooks/inspect.ipynb
+	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/inspect.ipynb
 
 $(DEMO)/.built: $(PY) pyproject.toml $(wildcard inspector/demo/*.py)
 	$(PIP) $(TORCH)

@@ -22,11 +22,13 @@ from inspector.errors import (
 if TYPE_CHECKING:
     from inspector.checkpoint import Checkpoint
     from inspector.doctor import check_keys, explain_error
+    from inspector.widgets import Inspector
 
 __all__ = [
     "CheckpointFileMissingError",
     "CorruptCheckpointError",
     "ExportError",
+    "Inspector",
     "InspectorError",
     "MissingKeyError",
     "NotACheckpointError",
@@ -57,11 +59,12 @@ _LAZY = {
     "diff": "inspector.compare",
     "explain_error": "inspector.doctor",
     "export": "inspector.exporter",
+    "Inspector": "inspector.widgets",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """Load diff and the FQN doctor (they need torch) on first use."""
+    """Load diff, the FQN doctor, export (they need torch) and the app (ipywidgets) on use."""
     if name in _LAZY:
         import importlib
 

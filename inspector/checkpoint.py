@@ -237,9 +237,11 @@ class Checkpoint:
         """Statistics for every tensor key matching the ``include`` globs, one row each."""
         return stats.stats_table(self, include, progress=progress)
 
-    def histogram(self, key: str, bins: int = 64) -> Histogram:
+    def histogram(
+        self, key: str, bins: int = 64, range: tuple[float, float] | None = None
+    ) -> Histogram:
         """Bin counts of a tensor's finite values (see :mod:`inspector.stats`)."""
-        return stats.histogram(self, key, bins)
+        return stats.histogram(self, key, bins, range)
 
     def _assemble(self, entry: Entry, dtype: torch.dtype | None) -> torch.Tensor:
         _check_coverage(entry, self.path)

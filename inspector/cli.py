@@ -9,10 +9,10 @@ import signal
 import sys
 import textwrap
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import inspector
+from inspector.display import human_bytes, shape_text
 from inspector.errors import InspectorError
 
 CHECK_HELP = """\
@@ -31,15 +31,6 @@ Exit code: 0 when every key, shape and dtype matches as spelled (no rewrite appl
 "why"}], "after_best": null | {"ok", "counts", "renamed": {checkpoint_key: model_key},
 "shape_mismatches", "dtype_mismatches"}, "explanation"}.
 """
-
-
-def human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"
 
 
 def _print_table(rows: list[list[str]], header: list[str]) -> None:
@@ -71,10 +62,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
     header = ["key", "dtype", "shape", "chunks", "size"] + (["subclass", "fp8"] if extra else [])
     rows = []
     for e in entries:
-        shape = (
-            "x".join(map(str, e.shape)) if e.shape else ("scalar" if e.kind == "tensor" else "-")
-        )
-        row = [e.key, e.dtype_name or e.kind, shape, str(len(e.chunks)), human_bytes(e.nbytes)]
+        row = [
+            e.key,
+            e.dtype_name or e.kind,
+            shape_text(e),
+            str(len(e.chunks)),
+            human_bytes(e.nbytes),
+        ]
         if extra:
             row += [e.subclass or "", e.fp8 or ""]
         if e.error:
@@ -157,18 +151,14 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    import torch
-
+    from inspector.export_options import parse_dtype
     from inspector.exporter import export
 
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise InspectorError(f"unknown dtype {args.dtype!r}")
     result = export(
         args.path,
         args.out,
         format=args.format,
-        dtype=dtype,
+        dtype=parse_dtype(args.dtype),
         fp8=args.fp8,
         model_only=not args.all_components,
         flatten=not args.keep_prefix,
@@ -203,10 +193,8 @@ def _format_values(flat: Any) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     from inspector import doctor
 
-    against: Any = args.against
-    if doctor.is_factory_spec(against) and not Path(against).exists():
-        sys.path.insert(0, os.getcwd())  # as with `python -m`: the user's own modules import
-        against = doctor.model_from_factory(against, device=args.device)
+    sys.path.insert(0, os.getcwd())  # as with `python -m`: the user's own modules import
+    against = doctor.resolve_against(args.against, device=args.device)
     report = doctor.check_keys(args.path, against, spelling=args.spelling)
     passed = report.loadable if args.ignore_dtype else report.ok
     if args.json:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -417,6 +418,17 @@ def model_from_factory(spec: str, device: str = "meta") -> Any:
 def is_factory_spec(text: str) -> bool:
     """Whether ``text`` reads as ``module.path:factory`` rather than a path."""
     return re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", text) is not None
+
+
+def resolve_against(text: str, device: str = "meta") -> Any:
+    """What a typed "compare with" names: the model a ``module.path:factory`` builds (under
+    ``device``), else a checkpoint path (an existing path wins over a factory reading)."""
+    text = text.strip()
+    if not text:
+        raise InspectorError("nothing to compare with: give a checkpoint path or module:factory")
+    if is_factory_spec(text) and not Path(text).exists():
+        return model_from_factory(text, device)
+    return Path(text).expanduser()
 
 
 # --- explain_error ------------------------------------------------------------------------

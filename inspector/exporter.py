@@ -13,7 +13,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -266,13 +266,13 @@ def _name_outputs(
     flatten: bool,
     rename: Rename,
 ) -> list[_Planned]:
-    rename_fn = _rename_function(rename)
+    rename_fn = _rename_function(rename, ck)
     planned, seen = [], {}
     for output in outputs:
         entry = ck.entry(output.sources[0])
         suffix = output.name[len(entry.key) :]
         base = keys.view_key(entry, "flattened") if flatten else entry.key
-        name = rename_fn(entry.key, base + suffix)
+        name = rename_fn(entry.key, base) + suffix  # split FP8 parts follow their tensor
         if name in seen:
             raise ExportError(
                 f"two tensors would both be written as {name!r}: "
@@ -314,20 +314,27 @@ def _conversion(output: fp8.Output, dtype: torch.dtype, cast: bool) -> str | Non
     return f"{output.conversion}; {text}" if output.conversion else text
 
 
-def _rename_function(rename: Rename) -> Callable[[str, str], str]:
-    """(stored key, current name) -> final name."""
+def _rename_function(rename: Rename, stored: Container[str]) -> Callable[[str, str], str]:
+    """(stored key, current name) -> final name.
+
+    A mapping's stored keys (e.g. all of a KeyReport's ``mapping()``) rename exactly and are
+    never also patterns; its other entries are regexes, compiled when first needed.
+    """
     if rename is None:
         return lambda key, name: name
     if callable(rename):
         return lambda key, name: rename(name)
     exact = dict(rename)
-    patterns = [(re.compile(p), r) for p, r in exact.items()]
+    patterns: list[tuple[re.Pattern, str]] | None = None
 
     def apply(key: str, name: str) -> str:
+        nonlocal patterns
         if key in exact:
             return exact[key]
         if name in exact:
             return exact[name]
+        if patterns is None:
+            patterns = [(re.compile(p), r) for p, r in exact.items() if p not in stored]
         for pattern, replacement in patterns:
             name = pattern.sub(replacement, name)
         return name

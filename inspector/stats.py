@@ -181,10 +181,19 @@ def histogram(
 
 
 def plot_histogram(
-    ck: Checkpoint, key: str, bins: int = 64, *, log: bool = False, ax: Any = None
+    ck: Checkpoint,
+    key: str,
+    bins: int = 64,
+    *,
+    range: tuple[float, float] | None = None,
+    log: bool = False,
+    ax: Any = None,
 ) -> Figure:
-    """A matplotlib figure of :func:`histogram` (log-scaled counts on request)."""
-    hist = histogram(ck, key, bins)
+    """A matplotlib figure of :func:`histogram` (log-scaled counts on request).
+
+    Pass ``range`` (e.g. a TensorStats' min and max) to spare the pass that finds it.
+    """
+    hist = histogram(ck, key, bins, range)
     fig, ax = _axes(ax)
     widths = (hist.edges[1:] - hist.edges[:-1]).numpy()
     ax.bar(hist.edges[:-1].numpy(), hist.counts.numpy(), width=widths, align="edge")

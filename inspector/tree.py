@@ -6,7 +6,7 @@ costs one pass over the keys and expanding a node one pass over the keys below i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from typing import Any, NamedTuple
 
@@ -18,6 +18,8 @@ from inspector.model import Entry
 # Shared, never mutated: most nodes are leaves or hold no entry of their own.
 _NO_CHILDREN: dict[str, KeyNode] = {}
 _NONE: list[int] = []
+# Names of dtypes (and of kinds, for entries without one) as totals show them.
+_TOTALS_NAMES: dict[object, str] = {}
 # Grouping this many rows allocates enough to set off full collections of a large heap.
 _PAUSE_GC_ABOVE = 1000
 
@@ -48,10 +50,7 @@ class _Spelled:
     def sizes(self) -> list[tuple[str, int, int]]:
         """(dtype or kind, numel, nbytes) per entry, computed once."""
         if self._sizes is None:
-            self._sizes = [
-                (e.dtype_name or ("object" if e.kind == "object" else "unknown"), e.numel, e.nbytes)
-                for e in self.entries
-            ]
+            self._sizes = [sized(e) for e in self.entries]
         return self._sizes
 
 
@@ -95,7 +94,7 @@ class KeyNode:
         """Totals per dtype (``"object"`` for non-tensor values), largest first; read-only."""
         if self._by_dtype is None:
             with paused_gc() if len(self._rows) > _PAUSE_GC_ABOVE else nullcontext():
-                self._by_dtype = _ordered(_add_rows({}, self._rows, self._spelled.sizes))
+                self._by_dtype = ordered_totals(add_rows({}, self._rows, self._spelled.sizes))
         return self._by_dtype
 
     def _total_from_children(self) -> None:
@@ -119,7 +118,7 @@ class KeyNode:
                     acc[0] += t.count
                     acc[1] += t.numel
                     acc[2] += t.nbytes
-        self._by_dtype = _ordered(_add_rows(sums, self._here, self._spelled.sizes))
+        self._by_dtype = ordered_totals(add_rows(sums, self._here, self._spelled.sizes))
 
     @property
     def totals(self) -> Totals:
@@ -257,23 +256,38 @@ class KeyNode:
         return f"<KeyNode {where!r} ({self.view}): {self.count} keys, {self.nbytes} bytes>"
 
 
-def _add_rows(
-    sums: dict[str, list[int]], rows: list[int], sizes: list[tuple[str, int, int]]
+def sized(entry: Entry) -> tuple[str, int, int]:
+    """(dtype, or "object" / "unknown" without one; numel; nbytes): what totals count."""
+    kind = entry.dtype or entry.kind
+    name = _TOTALS_NAMES.get(kind)
+    if name is None:
+        name = entry.dtype_name or ("object" if entry.kind == "object" else "unknown")
+        _TOTALS_NAMES[kind] = name
+    return name, entry.numel, entry.nbytes
+
+
+def tally(sums: dict[str, list[int]], name: str, numel: int, nbytes: int) -> None:
+    """Count one more value of ``numel`` elements and ``nbytes`` bytes under ``name``."""
+    acc = sums.get(name)
+    if acc is None:
+        sums[name] = [1, numel, nbytes]
+    else:
+        acc[0] += 1
+        acc[1] += numel
+        acc[2] += nbytes
+
+
+def add_rows(
+    sums: dict[str, list[int]], rows: Iterable[int], sizes: list[tuple[str, int, int]]
 ) -> dict[str, list[int]]:
+    """:func:`tally` each row's (name, numel, nbytes) from ``sizes`` into ``sums``."""
     for row in rows:
-        dtype, numel, nbytes = sizes[row]
-        acc = sums.get(dtype)
-        if acc is None:
-            sums[dtype] = [1, numel, nbytes]
-        else:
-            acc[0] += 1
-            acc[1] += numel
-            acc[2] += nbytes
+        tally(sums, *sizes[row])
     return sums
 
 
-def _ordered(sums: dict[str, list[int]]) -> dict[str, Totals]:
-    """Totals per dtype, largest byte count first."""
+def ordered_totals(sums: dict[str, list[int]]) -> dict[str, Totals]:
+    """Totals per name (dtype), largest byte count first."""
     if len(sums) == 1:
         [(dtype, acc)] = sums.items()
         return {dtype: Totals(*acc)}

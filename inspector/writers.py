@@ -13,9 +13,11 @@ import json
 import math
 import os
 import pickle
+import queue
 import re
 import struct
 import sys
+import threading
 import uuid
 import zipfile
 import zlib
@@ -284,8 +286,11 @@ _COPY_BLOCK = 1 << 23
 
 
 def _copy_range(source: ByteRange, fd: int, crc: int | None) -> int:
-    """Append ``source``'s bytes to ``fd``: in the kernel where possible, else by blocks
-    (always by blocks when a CRC-32 is wanted); returns the running CRC-32."""
+    """Append ``source``'s bytes to ``fd``; returns the running CRC-32 when ``crc`` is given.
+
+    Without a CRC the kernel copies (``copy_file_range``); with one (or where the kernel
+    cannot), a reader thread fills blocks while this thread writes and checksums them.
+    """
     with open(source.path, "rb", buffering=0) as f:
         done = 0
         if crc is None and hasattr(os, "copy_file_range"):
@@ -299,20 +304,53 @@ def _copy_range(source: ByteRange, fd: int, crc: int | None) -> int:
                     done += got
             except OSError:  # e.g. EXDEV on older kernels: copy what is left by blocks
                 pass
-        buffer = bytearray(min(_COPY_BLOCK, max(source.length - done, 1)))
-        view = memoryview(buffer)
-        while done < source.length:
-            got = os.preadv(f.fileno(), [view[: source.length - done]], source.offset + done)
-            if not got:
-                raise ExportError(
-                    f"file ended {source.length - done} bytes early while copying",
-                    file=source.path,
-                )
-            _write_all(fd, view[:got])
+        for block in _blocks(f.fileno(), source.offset + done, source.length - done, source):
+            _write_all(fd, block)
             if crc is not None:
-                crc = zlib.crc32(view[:got], crc)
-            done += got
+                crc = zlib.crc32(block, crc)
     return crc or 0
+
+
+def _blocks(fd: int, offset: int, length: int, source: ByteRange) -> Iterator[memoryview]:
+    """``length`` bytes from ``offset`` in blocks, read ahead by a thread (double buffering)."""
+    if length <= 0:
+        return
+    size = min(_COPY_BLOCK, length)
+    free: queue.Queue = queue.Queue()
+    for _ in range(2):
+        free.put(bytearray(size))
+    full: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        done = 0
+        try:
+            while done < length:
+                buffer = free.get()
+                if buffer is None:
+                    return
+                got = os.preadv(fd, [memoryview(buffer)[: length - done]], offset + done)
+                if not got:
+                    raise ExportError(
+                        f"file ended {length - done} bytes early while copying", file=source.path
+                    )
+                full.put((buffer, got))
+                done += got
+            full.put(None)
+        except BaseException as exc:  # handed to the writing thread
+            full.put(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        while (item := full.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            buffer, got = item
+            yield memoryview(buffer)[:got]
+            free.put(buffer)
+    finally:
+        free.put(None)
+        reader.join()
 
 
 def _write_all(fd: int, data: Any) -> None:

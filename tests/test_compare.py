@@ -108,3 +108,41 @@ def test_value_differences_nan_and_inf() -> None:
     c = torch.tensor([1.0, 1.0, float("inf"), 2.0, 0.0])
     max_abs, _, n = compare.value_differences(a, c)
     assert max_abs == float("inf") and n == 1
+
+
+def test_legacy_prefixed_vs_flat_with_auto_key_map(demo_dir: Path) -> None:
+    table = inspector.diff(demo_dir / "prefixed", demo_dir / "flat", progress=False)
+    assert len(table) == 347 and set(table.status) == {"same"}
+    renamed = table[table.key != table.key_b]
+    assert len(renamed) == 21 and (renamed.key == "model." + renamed.key_b).all()
+    plain = inspector.diff(demo_dir / "prefixed", demo_dir / "flat", key_map=None, progress=False)
+    assert compare.summarize(plain) | {"same": 0} == {
+        "same": 0,
+        "dtype": 0,
+        "values": 0,
+        "shape": 0,
+        "only_a": 21,
+        "only_b": 21,
+    }
+
+
+def test_fp32_vs_its_bf16_export(demo_dir: Path, tmp_path: Path) -> None:
+    inspector.export(demo_dir / "flat", tmp_path / "bf16", dtype=torch.bfloat16, progress=False)
+    table = inspector.diff(
+        demo_dir / "flat", tmp_path / "bf16", include=["*weight"], progress=False
+    )
+    model = table[table.status != "only_a"]
+    assert len(model) == 21 and (model.dtype_b == "bfloat16").all()
+    assert set(model.status) <= {"values", "dtype"} and model.max_rel_diff.max() <= 2**-8
+    loose = inspector.diff(
+        demo_dir / "flat", tmp_path / "bf16", include=["*weight"], rtol=2**-8, progress=False
+    )
+    assert set(loose[loose.status != "only_a"].status) == {"dtype"}
+
+
+def test_cli_diff_across_layouts(demo_dir: Path) -> None:
+    from tests.test_cli import cli
+
+    done = cli("diff", str(demo_dir / "prefixed"), str(demo_dir / "flat"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("347 keys: 347 same")

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 
 import inspector
 from inspector.demo.model import TinyLlama, TinyLlamaConfig, build_model
-from inspector.doctor import TABLE_COLUMNS, KeyReport
+from inspector.doctor import TABLE_COLUMNS, KeyReport, resolve_against
 from inspector.errors import InspectorError
 from tests.conftest import save_dcp
 
@@ -372,3 +372,19 @@ def test_duplicate_spellings(tmp_path: Path) -> None:
     )
     assert len(finding.keys) == 42
     assert ck.consistency().as_dict()["findings"][0]["kind"] == "duplicate-spelling"
+
+
+# --- what a typed "compare with" names ----------------------------------------------------
+def test_resolve_against(tmp_path: Path) -> None:
+    model = resolve_against(" inspector.demo.model:build_model ")
+    assert isinstance(model, TinyLlama)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert list(model.state_dict()) == MODEL_KEYS
+    assert resolve_against(str(tmp_path)) == tmp_path
+    lookalike = tmp_path / "pkg:factory"
+    lookalike.mkdir()
+    assert resolve_against(str(lookalike)) == lookalike
+    with pytest.raises(InspectorError, match="nothing to compare with"):
+        resolve_against("  ")
+    with pytest.raises(InspectorError, match="cannot import 'no_such_module:build'"):
+        resolve_against("no_such_module:build")

@@ -213,6 +213,19 @@ def test_rename_regex_exact_and_callable(demo_dir: Path, tmp_path: Path) -> None
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
 
 
+def test_stored_keys_of_a_mapping_rename_exactly(demo_dir: Path, tmp_path: Path) -> None:
+    ck = inspector.open(demo_dir / "flat")
+    report = inspector.check_keys(ck, [f"model.{k}" for k in ck.keys() if "optimizer" not in k])
+    mapping = report.mapping()
+    assert mapping["norm.weight"] == "model.norm.weight"
+    out = tmp_path / "all.pt"
+    inspector.export(ck, out, format="pt", model_only=False, rename=mapping, progress=False)
+    names = set(torch.load(out, weights_only=True))
+    assert {mapping[k] for k in mapping} <= names
+    assert "optimizer.state.norm.weight.exp_avg" in names
+    assert "optimizer.state.model.norm.weight.exp_avg" not in names
+
+
 def test_aliased_tensors(tmp_path: Path) -> None:
     emb = torch.randn(10, 4)
     torch.save({"embed.weight": emb, "head.weight": emb, "view": emb[2:5]}, tmp_path / "tied.pt")
@@ -455,3 +468,23 @@ def test_pt_round_trips_every_dtype_as_a_valid_zip(tmp_path: Path) -> None:
     inspector.export(tmp_path / "st.pt", tmp_path / "st", fp8="keep", progress=False)
     for key, value in load_file(tmp_path / "st" / "model.safetensors").items():
         assert same(value, zoo[key]), key
+
+
+def test_keep_mode_parts_follow_a_renamed_tensor(tmp_path: Path) -> None:
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+
+    weight = torch.randn(16, 32)
+    f8 = hp_tensor_to_float8_dynamic(weight, torch.float8_e4m3fn, LinearMMConfig())
+    torch.save({"w": f8, "b": torch.ones(4)}, tmp_path / "f8.pt")
+    result = inspector.export(
+        tmp_path / "f8.pt",
+        tmp_path / "out",
+        fp8="keep",
+        rename={"w": "layer.w", "b": "layer.b"},
+        progress=False,
+    )
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(written) == ["layer.b", "layer.w", "layer.w_scale"]
+    assert same(written["layer.w"], f8._data) and same(written["layer.w_scale"], f8._scale)
+    assert result.verification.ok

@@ -166,3 +166,31 @@ def test_nested_optimizer_paths_keep_the_exact_fqn(tmp_path: Path) -> None:
     assert (ref.fqn, ref.guessed_fqn) == ("layers.0.attention.wq.weight",) * 2
     by_id = [e for e in ck.entries() if e.key.startswith("plain_optimizer.state.0.")]
     assert by_id and all(keys.optimizer_ref(e) is None for e in by_id)
+
+
+# --- filtering keys -------------------------------------------------------------------------
+def test_key_filter_modes() -> None:
+    key = "optimizer.state.layers.0.attention.wq.weight.exp_avg"
+    assert keys.key_filter("ATTENTION.WQ")(key) and not keys.key_filter("wk")(key)
+    assert keys.key_filter("optimizer.*.exp_avg", "glob")(key)
+    assert not keys.key_filter("layers.*", "glob")(key)
+    assert keys.key_filter("*.layers.[0-3].*", "glob")(key)
+    assert keys.key_filter(r"layers\.\d+\.attention", "regex")(key)
+    assert not keys.key_filter(r"^layers", "regex")(key)
+    assert all(keys.key_filter("", mode)(key) for mode in keys.FILTER_MODES)
+    with pytest.raises(inspector.InspectorError, match=r"not a valid regular expression '\('"):
+        keys.key_filter("(", "regex")
+    with pytest.raises(ValueError, match="filter mode must be one of"):
+        keys.key_filter("x", "fuzzy")
+
+
+def test_filter_entries_matches_the_view_spelling(demo_dir: Path) -> None:
+    ck = inspector.open(demo_dir / "prefixed")
+    layer0 = [f"model.{k}" for k in MODEL_KEYS if k.startswith("layers.0.")]
+    assert [
+        e.key for e in keys.filter_entries(ck.entries(), "flattened", "layers.0.*", "glob")
+    ] == (layer0)
+    assert keys.filter_entries(ck.entries(), "stored", "layers.0.*", "glob") == []
+    stored = keys.filter_entries(ck.entries(), "stored", "model.layers.0.*", "glob")
+    assert [e.key for e in stored] == layer0
+    assert keys.filter_entries(ck.entries(), "stored", "", "regex") == ck.entries()

@@ -1,14 +1,16 @@
 """Run a function on local gloo ranks in spawned processes (demo and test checkpoints).
 
 Each rank joins the process group before ``fn(rank, world_size, *args)`` runs and, after
-it returns, waits at a barrier before tearing the group down: a rank that leaves while
-another still finishes DCP's last collective can abort the whole run.
+it returns, waits at a barrier before tearing the group down, then leaves without the
+interpreter's shutdown: gloo worker threads still holding finished work objects can abort
+a process during finalization ("terminate called without an active exception").
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -48,3 +50,6 @@ def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., None], a
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

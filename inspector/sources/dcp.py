@@ -61,7 +61,7 @@ class DcpSource:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._paths: dict[str, Path] = {}
+        self._files: dict[str, Path] = {}
         files = metadata_files(root)
         self.metadata_path = files[0] if files else root / METADATA_FILE
         raw = (
@@ -97,18 +97,18 @@ class DcpSource:
     def entries(self) -> list[Entry]:
         return self._entries
 
-    def _path(self, entry: Entry, chunk: ChunkInfo) -> Path:
-        """The chunk's file, checked to lie in the folder (once per file name)."""
-        path = self._paths.get(chunk.file)
+    def _file(self, name: str, key: str) -> Path:
+        """``root / name`` checked to stay inside the folder (cached: scans touch every chunk)."""
+        path = self._files.get(name)
         if path is None:
-            path = resolve_inside(self.root, chunk.file, referrer=self.metadata_path, key=entry.key)
-            self._paths[chunk.file] = path
+            path = resolve_inside(self.root, name, referrer=self.metadata_path, key=key)
+            self._files[name] = path
         return path
 
     @contextmanager
     def _item(self, entry: Entry, chunk: ChunkInfo):
         """The chunk's stored bytes as a seekable stream positioned for a TorchArchive."""
-        path = self._path(entry, chunk)
+        path = self._file(chunk.file, entry.key)
         with open(path, "rb") as f:
             if not chunk.transforms:
                 yield f, chunk.byte_offset, chunk.byte_length, str(path)
@@ -129,7 +129,7 @@ class DcpSource:
     def read_chunk(self, entry: Entry, index: int, out: torch.Tensor | None = None) -> ChunkValue:
         chunk = entry.chunks[index]
         if chunk.file in self._safetensors:
-            path = self._path(entry, chunk)
+            path = self._file(chunk.file, entry.key)
             return read_span(path, chunk, entry.dtype, out, key=entry.key)
         with self._item(entry, chunk) as (f, offset, length, path):
             archive = self._archive(f, offset, length, path, entry.key)
@@ -165,7 +165,7 @@ class DcpSource:
 
     def chunk_bytes(self, entry: Entry, index: int) -> tuple[Path, int] | None:
         chunk = entry.chunks[index]
-        path = self._path(entry, chunk)
+        path = self._file(chunk.file, entry.key)
         if chunk.file in self._safetensors:
             return path, chunk.byte_offset
         if chunk.transforms:

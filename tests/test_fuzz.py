@@ -11,6 +11,7 @@ the "fuzz" profile, many more examples with a fresh seed each run
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -27,7 +28,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fixtures.damage import dcp_metadata, repoint, storage_indexes, write_dcp_metadata
+from tests.fixtures.damage import (
+    copy,
+    dcp_metadata,
+    repoint,
+    storage_indexes,
+    write_dcp_metadata,
+)
 from tests.hostile.case import Genuine
 from tests.hostile.guard import GuardViolation, guarded
 from tests.hostile.pipeline import Probe, explore, usage
@@ -169,30 +176,20 @@ def run_example(family: str, target: Target, blob: bytes, work: Path) -> None:
 # --- the genuine files and where their mutants go --------------------------------------------
 
 
-def _structure_of_zip(data: bytes, base: int = 0) -> list[tuple[int, int]]:
-    """Ranges of a torch.save zip at ``base`` that are not tensor bytes: before the first
-    storage record's data and after the last one's."""
-    import io
-
-    with zipfile.ZipFile(io.BytesIO(data[base:])) as archive:
+def _structure_of_zip(data: bytes) -> list[tuple[int, int]]:
+    """The ranges of a torch.save zip around its tensor bytes: up to the first storage
+    record's data, and from the last one's end (alignment padding allowed for)."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
         infos = [i for i in archive.infolist() if "/data/" in i.filename]
     if not infos:
-        return [(base, len(data))]
-    first = min(i.header_offset for i in infos)
+        return [(0, len(data))]
+    first = min(i.header_offset for i in infos) + 200
     last = max(i.header_offset + 30 + len(i.filename) + 64 + i.file_size for i in infos)
-    return [(base, base + first + 200), (base + last, len(data))]
-
-
-def _folder(genuine: Path, work: Path) -> Path:
-    folder = work / "checkpoint"
-    folder.mkdir(parents=True)
-    for item in genuine.iterdir():
-        (folder / item.name).write_bytes(item.read_bytes())
-    return folder
+    return [(0, first), (last, len(data))]
 
 
 def _metadata(genuine: Genuine, work: Path) -> Target:
-    folder = _folder(genuine.seed, work)
+    folder = copy(genuine.seed, work)
     data = (genuine.seed / ".metadata").read_bytes()
     return Target(
         "seed/.metadata",
@@ -207,7 +204,7 @@ def _metadata(genuine: Genuine, work: Path) -> Target:
 def _items(genuine: Genuine, work: Path) -> list[Target]:
     """One target per tensor item of the seed checkpoint: the item goes to a file of its
     own and ``.metadata`` points the key at it."""
-    folder = _folder(genuine.seed, work)
+    folder = copy(genuine.seed, work)
     metadata = dcp_metadata(folder)
     shard = (folder / "__0_0.distcp").read_bytes()
     targets = []
@@ -241,10 +238,10 @@ def _safetensors(genuine: Genuine, work: Path) -> Target:
 
 
 def _index(genuine: Genuine, work: Path) -> Target:
-    folder = _folder(genuine.hub, work)
+    folder = copy(genuine.hub, work)
     index = folder / "model.safetensors.index.json"
     data = index.read_bytes()
-    shard = folder / json.loads(data)["weight_map"][next(iter(json.loads(data)["weight_map"]))]
+    shard = folder / next(iter(json.loads(data)["weight_map"].values()))
     return Target(index.name, data, shard.read_bytes(), [(0, len(data))], index.write_bytes, folder)
 
 
@@ -259,7 +256,7 @@ def _legacy(genuine: Genuine, work: Path) -> Target:
 
 
 def _distcp_safetensors(genuine: Genuine, work: Path) -> Target:
-    folder = _folder(genuine.distcp_safetensors, work)
+    folder = copy(genuine.distcp_safetensors, work)
     shard = folder / "__0_0.distcp"
     data = shard.read_bytes()
     partner = genuine.safetensors.read_bytes()

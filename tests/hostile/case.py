@@ -3,12 +3,12 @@ inspector must do with it."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from inspector.errors import InspectorError
+from tests.fixtures import damage
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,8 @@ class Genuine:
 
     def copy(self, name: str, dest: Path) -> Path:
         """A private copy of one of them, free to damage, inside ``dest``."""
-        source = getattr(self, name)
         dest.mkdir(parents=True, exist_ok=True)
-        target = dest / source.name
-        if source.is_dir():
-            shutil.copytree(source, target)
-        else:
-            shutil.copyfile(source, target)
-        return target
+        return damage.copy(getattr(self, name), dest)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from inspector.errors import UnsupportedError
+
 if TYPE_CHECKING:
     import pandas
     from matplotlib.figure import Figure
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from inspector.checkpoint import Checkpoint
 
 BLOCK = 1 << 22
+_PACKED = {getattr(torch, n) for n in ("float4_e2m1fn_x2",) if hasattr(torch, n)}
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block|layer)\.(\d+)\.")
 
 
@@ -91,9 +94,20 @@ def blocks(tensor: torch.Tensor, size: int = BLOCK) -> Iterator[torch.Tensor]:
         yield flat[start : start + size]
 
 
+def supported(dtype: torch.dtype | None) -> bool:
+    """Real-valued dtypes torch can convert to float64 (not complex, not packed float4)."""
+    return dtype is not None and not dtype.is_complex and dtype not in _PACKED
+
+
 def tensor_stats(ck: Checkpoint, key: str) -> TensorStats:
     """Statistics of one tensor, reading it chunk by chunk."""
     entry = ck.entry(key)
+    if entry.kind == "tensor" and not supported(entry.dtype):
+        raise UnsupportedError(
+            f"no statistics for {entry.dtype_name} tensors (complex or packed values)",
+            file=ck.path,
+            key=key,
+        )
     acc = _Moments()
     for _chunk, part in ck.iter_chunks(key):
         for block in blocks(part):
@@ -126,6 +140,7 @@ def _matching(ck: Checkpoint, include: Iterable[str] | None) -> list[str]:
         for e in ck.entries()
         if e.kind == "tensor"
         and not e.error
+        and supported(e.dtype)
         and (patterns is None or any(fnmatchcase(e.key, p) for p in patterns))
     ]
 

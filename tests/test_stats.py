@@ -72,6 +72,20 @@ def test_stats_over_sharded_chunks(demo_dir: Path) -> None:
         assert got[name] == pytest.approx(value, rel=1e-9), name
 
 
+def test_unsupported_dtypes_are_refused_and_left_out(tmp_path: Path) -> None:
+    state = {
+        "packed": torch.zeros(4, 2, dtype=torch.uint8).view(torch.float4_e2m1fn_x2),
+        "complex": torch.ones(3, dtype=torch.complex64),
+        "real": torch.ones(3),
+    }
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp_path), no_dist=True)
+    ck = inspector.open(tmp_path)
+    for key in ("packed", "complex"):
+        with pytest.raises(inspector.UnsupportedError, match=rf"'{key}'.*no statistics"):
+            ck.stats(key)
+    assert ck.stats_table(progress=False).key.tolist() == ["real"]
+
+
 def test_empty_tensor(numbers_dir: Path) -> None:
     s = inspector.open(numbers_dir).stats("empty")
     assert s.numel == 0 and math.isnan(s.mean) and s.l2 == 0.0 and s.nan == 0

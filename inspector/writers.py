@@ -8,12 +8,12 @@ target folder and renamed only when everything succeeded.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import math
 import os
 import pickle
-import queue
 import re
 import struct
 import sys
@@ -33,8 +33,8 @@ import torch
 from inspector import safe_pickle
 from inspector.errors import ExportError
 from inspector.model import ByteRange
-from inspector.sources.archive import TorchArchive, empty_bytes_view
 from inspector.sources.archive import contiguous_strides as _contiguous_strides
+from inspector.sources.archive import empty_bytes_view
 from inspector.sources.safetensors_file import DTYPES
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*$", re.IGNORECASE)
@@ -194,26 +194,25 @@ def write_safetensors(
 def write_torch_save(path: Path, structure: Any, progress: Callable[[Item], None]) -> None:
     """A torch.save archive of ``structure`` (nested dicts/lists; Item leaves become tensors).
 
-    torch's own zip writer lays out the archive with room for every storage record and
-    ``data.pkl`` spelled exactly as ``torch.save`` spells tensors, so
-    ``torch.load(weights_only=True)`` (and ``mmap=True``) reads it with no extra globals;
-    the records are then filled one tensor at a time and their CRC-32s set.
+    torch's own zip writer lays out the archive and ``data.pkl`` spelled exactly as
+    ``torch.save`` spells tensors, so ``torch.load(weights_only=True)`` (and ``mmap=True``)
+    reads it with no extra globals. Each storage record is only reserved by the writer;
+    the sink it writes through fills the reserved bytes there and then, one tensor at a
+    time, and the records' CRC-32s are set at the end.
     """
     items = list(_items_in(structure))
-    storages = {
-        id(item): _Storage(str(i), item.dtype, math.prod(item.shape))
-        for i, item in enumerate(items)
-    }
+    storages = [_Storage(str(i), item.dtype, math.prod(item.shape)) for i, item in enumerate(items)]
+    by_id = {id(item): storage for item, storage in zip(items, storages, strict=True)}
     buffer = io.BytesIO()
     _ArchivePickler(buffer, protocol=2).dump(
-        _replace_leaves(structure, lambda item: _TensorReduction(item, storages[id(item)]))
+        _replace_leaves(structure, lambda item: _TensorReduction(item, by_id[id(item)]))
     )
-    with open(path, "wb", buffering=0) as f:
-        sink = _Sink(f)
+    with open(path, "w+b", buffering=0) as f:
+        sink = _Sink(f, [item for item in items if item.nbytes], progress)
         writer = torch._C.PyTorchFileWriter(sink)
         try:
-            for item in items:
-                writer.write_record_metadata(f"data/{storages[id(item)].key}", item.nbytes)
+            for item, storage in zip(items, storages, strict=True):
+                writer.write_record_metadata(f"data/{storage.key}", item.nbytes)
             for name, data in (
                 ("data.pkl", buffer.getvalue()),
                 (".format_version", b"1"),
@@ -226,25 +225,25 @@ def write_torch_save(path: Path, structure: Any, progress: Callable[[Item], None
             del writer  # an unfinished writer finishes the archive here, into the sink
         if sink.error is not None:
             raise sink.error
-    with open(path, "r+b", buffering=0) as f:
-        archive = TorchArchive(f, str(path), 0, os.fstat(f.fileno()).st_size, None)
-        crcs = {}
-        for item in items:
-            record = archive.record(storages[id(item)].key)
-            os.lseek(f.fileno(), record.start, os.SEEK_SET)
-            crcs[record.name] = _write_item(f.fileno(), item, crc=True)
-            progress(item)
-        _set_crcs(f, crcs)
+        filled = zip(sink.items, sink.crcs, strict=True)
+        _set_crcs(f, {f"data/{by_id[id(item)].key}": crc for item, crc in filled})
         os.fsync(f.fileno())
 
 
 class _Sink:
-    """What torch's zip writer writes through. A failed write (disk full, ...) is kept and
-    raised by the caller once torch is done: torch's writer would throw again from its
-    destructor, which aborts the whole process."""
+    """What torch's zip writer writes through.
 
-    def __init__(self, f: BinaryIO) -> None:
-        self.f, self.error = f, None
+    Where the writer skips over a reserved storage record, the next item's bytes are
+    written instead, so the archive is written front to back in one pass. Any failure
+    (disk full, unreadable source, an interrupt) is kept and raised by the caller once
+    torch is done: torch's writer would throw again from its destructor, which aborts
+    the whole process.
+    """
+
+    def __init__(self, f: BinaryIO, items: list[Item], progress: Callable[[Item], None]) -> None:
+        self.f, self.items, self.progress = f, items, progress
+        self.error: BaseException | None = None
+        self.crcs: list[int] = []  # of the items filled so far, in order
 
     def write(self, data: Any) -> int:
         if self.error is None:
@@ -255,12 +254,22 @@ class _Sink:
         return memoryview(data).nbytes
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        if self.error is None:
-            try:
-                return self.f.seek(offset, whence)
-            except OSError as exc:
-                self.error = exc
-        return 0
+        if self.error is not None:
+            return 0
+        try:
+            if whence == os.SEEK_CUR and offset > 0 and len(self.crcs) < len(self.items):
+                item = self.items[len(self.crcs)]
+                if offset != item.nbytes:
+                    raise ExportError(
+                        f"zip writer reserved {offset} bytes for {item.nbytes}", key=item.name
+                    )
+                self.crcs.append(_write_item(self.f.fileno(), item, crc=True))
+                self.progress(item)
+                return self.f.tell()
+            return self.f.seek(offset, whence)
+        except BaseException as exc:
+            self.error = exc
+            return 0
 
     def flush(self) -> None:
         """Nothing is buffered."""
@@ -288,69 +297,68 @@ _COPY_BLOCK = 1 << 23
 def _copy_range(source: ByteRange, fd: int, crc: int | None) -> int:
     """Append ``source``'s bytes to ``fd``; returns the running CRC-32 when ``crc`` is given.
 
-    Without a CRC the kernel copies (``copy_file_range``); with one (or where the kernel
-    cannot), a reader thread fills blocks while this thread writes and checksums them.
+    The kernel copies (``copy_file_range``; by blocks where it cannot) while, for a CRC, a
+    thread reads the same source bytes and checksums them.
     """
     with open(source.path, "rb", buffering=0) as f:
-        done = 0
-        if crc is None and hasattr(os, "copy_file_range"):
-            try:
-                while done < source.length:
-                    got = os.copy_file_range(
-                        f.fileno(), fd, source.length - done, source.offset + done
-                    )
-                    if not got:
-                        break
-                    done += got
-            except OSError:  # e.g. EXDEV on older kernels: copy what is left by blocks
-                pass
-        for block in _blocks(f.fileno(), source.offset + done, source.length - done, source):
-            _write_all(fd, block)
-            if crc is not None:
-                crc = zlib.crc32(block, crc)
-    return crc or 0
+        checksum = _Checksum(f.fileno(), source, crc) if crc is not None else None
+        try:
+            done = 0
+            if hasattr(os, "copy_file_range"):
+                try:
+                    while done < source.length:
+                        got = os.copy_file_range(
+                            f.fileno(), fd, source.length - done, source.offset + done
+                        )
+                        if not got:
+                            break
+                        done += got
+                except OSError as exc:  # EXDEV and the like: copy what is left by blocks
+                    if exc.errno in (errno.EFBIG, errno.ENOSPC, errno.EIO):
+                        raise
+            for block in _blocks(f.fileno(), source.offset + done, source.length - done, source):
+                _write_all(fd, block)
+        finally:
+            value = checksum.result() if checksum is not None else 0
+    return value
 
 
 def _blocks(fd: int, offset: int, length: int, source: ByteRange) -> Iterator[memoryview]:
-    """``length`` bytes from ``offset`` in blocks, read ahead by a thread (double buffering)."""
-    if length <= 0:
-        return
-    size = min(_COPY_BLOCK, length)
-    free: queue.Queue = queue.Queue()
-    for _ in range(2):
-        free.put(bytearray(size))
-    full: queue.Queue = queue.Queue()
+    """``length`` bytes from ``offset`` in blocks of one reused buffer (use each before the
+    next)."""
+    buffer = memoryview(bytearray(min(_COPY_BLOCK, max(length, 1))))
+    done = 0
+    while done < length:
+        got = os.preadv(fd, [buffer[: length - done]], offset + done)
+        if not got:
+            raise ExportError(
+                f"file ended {length - done} bytes early while copying", file=source.path
+            )
+        yield buffer[:got]
+        done += got
 
-    def read() -> None:
-        done = 0
+
+class _Checksum(threading.Thread):
+    """CRC-32 of a byte range, computed in a thread (zlib and reads release the GIL)."""
+
+    def __init__(self, fd: int, source: ByteRange, start: int) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.source, self.value = fd, source, start
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
         try:
-            while done < length:
-                buffer = free.get()
-                if buffer is None:
-                    return
-                got = os.preadv(fd, [memoryview(buffer)[: length - done]], offset + done)
-                if not got:
-                    raise ExportError(
-                        f"file ended {length - done} bytes early while copying", file=source.path
-                    )
-                full.put((buffer, got))
-                done += got
-            full.put(None)
-        except BaseException as exc:  # handed to the writing thread
-            full.put(exc)
+            for block in _blocks(self.fd, self.source.offset, self.source.length, self.source):
+                self.value = zlib.crc32(block, self.value)
+        except BaseException as exc:  # handed to the caller by result()
+            self.error = exc
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        while (item := full.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            buffer, got = item
-            yield memoryview(buffer)[:got]
-            free.put(buffer)
-    finally:
-        free.put(None)
-        reader.join()
+    def result(self) -> int:
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def _write_all(fd: int, data: Any) -> None:
@@ -361,9 +369,15 @@ def _write_all(fd: int, data: Any) -> None:
 
 
 def _set_crcs(f: BinaryIO, crcs: dict[str, int]) -> None:
-    """Store each filled record's CRC-32 in its local header and central-directory entry."""
+    """Store each filled record's CRC-32 (by record name below the archive's top folder) in
+    its local header and central-directory entry."""
     archive = zipfile.ZipFile(f)
     central = archive.start_dir
+    crcs = {
+        info.filename: crcs[name]
+        for info in archive.infolist()
+        if (name := info.filename.partition("/")[2]) in crcs
+    }
     for info in archive.infolist():
         if info.filename in crcs:
             f.seek(info.header_offset + 14)

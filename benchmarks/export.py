@@ -6,11 +6,13 @@ process: bare ``import torch``; a plain copy of the same bytes (``shutil.copytre
 fsync, since exports fsync too); torch's ``dcp_to_torch_save``; ``inspector.export`` to
 safetensors and to .pt, without and with verification (which re-reads everything).
 Goals: export wall - bare import wall <= 2 x copy wall; export peak RSS <= bare import
-peak + 2 x largest tensor + 100 MiB. Run: ``.venv/bin/python benchmarks/export.py``.
+peak + 2 x largest tensor + 100 MiB. Each run starts after ``sync``, so no run pays for
+the previous one's dirty pages. Run: ``.venv/bin/python benchmarks/export.py``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +42,11 @@ assert r.tensors == int(sys.argv[6]), r.summary()
 """
 
 
+def measured(snippet: str, *args: str) -> dict[str, float]:
+    os.sync()
+    return measure(snippet, *args)
+
+
 def main() -> int:
     shapes = tensor_shapes(layers=5)
     largest = max(r * c * 4 for r, c in shapes.values())
@@ -47,18 +54,18 @@ def main() -> int:
         src = build(Path(tmp) / "ckpt", shapes, ranks=2)
         size = folder_bytes(src)
         print(f"checkpoint: {size / 1e9:.2f} GB, {len(shapes)} tensors, largest {mib(largest)}")
-        bare = measure("import torch")
+        bare = measured("import torch")
         rows = {
             "bare import torch": bare,
-            "plain copy + fsync": measure(COPY, str(src), f"{tmp}/copy"),
-            "torch dcp_to_torch_save": measure(TORCH, str(src), f"{tmp}/torch.pt"),
+            "plain copy + fsync": measured(COPY, str(src), f"{tmp}/copy"),
+            "torch dcp_to_torch_save": measured(TORCH, str(src), f"{tmp}/torch.pt"),
         }
         for fmt, out in (("safetensors", f"{tmp}/st"), ("pt", f"{tmp}/ours.pt")):
             for mode in ("no-verify", "verify"):
                 target = (
                     f"{out}-{mode}" if fmt == "safetensors" else out.replace(".pt", f"-{mode}.pt")
                 )
-                rows[f"export {fmt} ({mode})"] = measure(
+                rows[f"export {fmt} ({mode})"] = measured(
                     OURS, str(src), target, fmt, mode, str(len(shapes))
                 )
     copy = rows["plain copy + fsync"]["wall"]

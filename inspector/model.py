@@ -13,7 +13,7 @@ Kind = Literal["tensor", "object"]
 COMPONENTS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: opening builds one per chunk, hundreds of thousands
 class ChunkInfo:
     """One stored piece of a tensor: where it sits in the whole tensor and in which file."""
 

@@ -337,3 +337,56 @@ def test_safetensors_distcp_truncated(dcp_distributed_written: dict, tmp_path: P
 def test_metadata_file_opens_its_folder(demo_dir: Path) -> None:
     ck = inspector.open(demo_dir / "seed" / ".metadata")
     assert ck.path == demo_dir / "seed" and ck.keys() == inspector.open(demo_dir / "seed").keys()
+
+
+@pytest.fixture(scope="module")
+def zstd_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A DCP folder written with torch's ZStandard stream transform on every item."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._extension import ZStandard
+
+    state = {"w": torch.randn(64, 48), "bf": torch.randn(7).bfloat16(), "extra": {"lr": 0.5}}
+    path = tmp_path_factory.mktemp("zstd")
+    writer = dcp.FileSystemWriter(path, _extensions=[ZStandard()])
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    return path, state
+
+
+def test_zstd_transform_is_decoded(zstd_checkpoint: tuple[Path, dict]) -> None:
+    path, state = zstd_checkpoint
+    ck = inspector.open(path)
+    assert {e.chunks[0].transforms for e in ck.entries()} == {("stream.zstd/1",)}
+    assert torch.equal(ck.read("w"), state["w"]) and torch.equal(ck.read("bf"), state["bf"])
+    assert ck.read_object("extra.lr") == 0.5
+    assert ck.byte_ranges("w") is None  # compressed bytes are never copied raw
+
+
+def test_zstd_without_its_package_is_refused_clearly(zstd_checkpoint: tuple[Path, dict]) -> None:
+    code = (
+        "import sys, inspector\n"
+        "sys.modules['zstandard'] = None\n"
+        "try:\n"
+        "    inspector.open(sys.argv[1]).read('w')\n"
+        "except inspector.UnsupportedError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = run_python(code, str(zstd_checkpoint[0]))
+    assert result.returncode == 0, result.stderr
+    assert "key 'w'" in result.stdout and "install the 'zstandard' package" in result.stdout
+
+
+def test_unknown_transform_is_refused(zstd_checkpoint: tuple[Path, dict], tmp_path: Path) -> None:
+    import pickle
+    import shutil
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    copy = tmp_path / "copy"
+    shutil.copytree(zstd_checkpoint[0], copy)
+    meta = FileSystemReader(str(copy)).read_metadata()
+    for info in meta.storage_data.values():
+        info.transform_descriptors = ["stream.lz4/1"]
+    meta.storage_meta = None
+    (copy / ".metadata").write_bytes(pickle.dumps(meta))  # the test's own trusted metadata
+    with pytest.raises(inspector.UnsupportedError, match=r"key 'w'.*unknown stream transforms"):
+        inspector.open(copy).read("w")

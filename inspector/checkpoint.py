@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -271,3 +272,12 @@ def _check_coverage(entry: Entry, path: Path) -> None:
     problem = layout_problem(entry.shape, entry.chunks)
     if problem is not None:
         raise CorruptCheckpointError(problem, file=path, key=entry.key)
+
+
+def as_checkpoint(value: Checkpoint | str | os.PathLike) -> Checkpoint:
+    """``value`` itself when already opened, else ``inspector.open(value)``."""
+    if isinstance(value, Checkpoint):
+        return value
+    import inspector
+
+    return inspector.open(value)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from inspector.checkpoint import as_checkpoint
 from inspector.stats import blocks
 
 if TYPE_CHECKING:
@@ -68,23 +69,13 @@ def diff(
     import pandas
     from tqdm.auto import tqdm
 
-    ck_a, ck_b = _open(a), _open(b)
+    ck_a, ck_b = as_checkpoint(a), as_checkpoint(b)
     pairs = [p for p in key_pairs(ck_a, ck_b, key_map) if _selected(p, include, exclude)]
     rows = [
         asdict(compare_pair(ck_a, ka, ck_b, kb, values=values, atol=atol, rtol=rtol))
         for ka, kb in tqdm(pairs, desc="diff", unit="key", disable=not progress)
     ]
     return pandas.DataFrame.from_records(rows, columns=COLUMNS)
-
-
-def _open(value: Checkpoint | str | os.PathLike) -> Checkpoint:
-    from inspector.checkpoint import Checkpoint
-
-    if isinstance(value, Checkpoint):
-        return value
-    import inspector
-
-    return inspector.open(value)
 
 
 def key_pairs(a: Checkpoint, b: Checkpoint, key_map: KeyMap) -> list[tuple[str | None, str | None]]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from inspector.checkpoint import Checkpoint
+from inspector.checkpoint import Checkpoint, as_checkpoint
 from inspector.errors import InspectorError
 from inspector.keys import (
     VIEWS,
@@ -334,7 +334,7 @@ def check_keys(
     a checkpoint path. ``spelling`` (stored / flattened / prefixed) defaults to ``stored``
     for DCP, whose loader matches stored keys, and ``flattened`` for other formats.
     """
-    ck = _as_checkpoint(ck)
+    ck = as_checkpoint(ck)
     spelling = spelling or default_spelling(ck)
     theirs, description = _target(against)
     return KeyReport(str(ck.path), description, spelling, model_specs(ck, spelling), theirs)
@@ -355,17 +355,9 @@ def model_specs(ck: Checkpoint, spelling: str) -> dict[str, Spec]:
     }
 
 
-def _as_checkpoint(value: Checkpoint | str | os.PathLike) -> Checkpoint:
-    if isinstance(value, Checkpoint):
-        return value
-    import inspector
-
-    return inspector.open(value)
-
-
 def _target(against: Any) -> tuple[dict[str, Spec], str]:
     if isinstance(against, (Checkpoint, str, os.PathLike)):
-        other = _as_checkpoint(against)
+        other = as_checkpoint(against)
         spelling = default_spelling(other)
         return model_specs(other, spelling), f"the model entries of {other.path} ({spelling})"
     if isinstance(against, torch.nn.Module):
@@ -452,7 +444,7 @@ def explain_error(
 
     The report compares the checkpoint with the keys the error says the model wanted.
     """
-    ck = _as_checkpoint(ck)
+    ck = as_checkpoint(ck)
     if _TORCH_HEADER.search(text) or _TORCH_LIST.search(text) or _TORCH_SIZE.search(text):
         return _from_torch_error(ck, text, spelling)
     missing = [m.rstrip(".") for m in _DCP_MISSING.findall(text)]

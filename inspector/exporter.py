@@ -142,8 +142,7 @@ def export(
     (e.g. a KeyReport's ``mapping()``) then regex -> replacement, or a callable.
     ``on_error``: "fail" or "skip" entries that cannot be read.
     """
-    from inspector.checkpoint import Checkpoint
-    from inspector.compare import _open
+    from inspector.checkpoint import as_checkpoint
 
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, not {format!r}")
@@ -152,7 +151,7 @@ def export(
     if nested and (format != "pt" or rename is not None):
         raise ValueError("nested=True writes the stored nesting of a .pt; rename does not apply")
     started = time.perf_counter()
-    ck = ck_or_path if isinstance(ck_or_path, Checkpoint) else _open(ck_or_path)
+    ck = as_checkpoint(ck_or_path)
     out = Path(out).expanduser()
     _refuse_inside_source(ck, out)
     selected, skipped = _select(ck, model_only, include, exclude, on_error, format)

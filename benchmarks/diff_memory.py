@@ -27,7 +27,7 @@ def peak_of_diff(layers: int, tmp: Path) -> tuple[float, float, float, int]:
     a = build(tmp / f"a{layers}", shapes, ranks=2)
     b = build(tmp / f"b{layers}", shapes, ranks=1, perturb=PERTURBED)
     opened = measure(
-        "import inspector, inspector.compare, pandas, tqdm\n"
+        "import inspector, inspector.analysis.diff, pandas, tqdm\n"
         f"inspector.open({str(a)!r}), inspector.open({str(b)!r})\n"
     )
     run = measure(

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.metadata import (
 
 import inspector
 from inspector.demo.model import TinyLlama, TinyLlamaConfig
-from inspector.tree import KeyNode
+from inspector.keys.tree import KeyNode
 
 LAYERS, DIM, FFN, VOCAB = 2222, 64, 256, 1000
 BUILD_GOAL, EXPAND_GOAL = 1.0, 0.3

@@ -33,7 +33,7 @@ import matplotlib  # noqa: F401
 from tree import build_metadata
 
 import inspector
-from inspector.widgets import Inspector
+from inspector.ui.widgets import Inspector
 
 FIRST_VIEW_GOAL, EXPAND_GOAL = 2.0, 0.3
 LARGEST = "optimizer.state.layers"

@@ -20,9 +20,9 @@ from inspector.errors import (
 )
 
 if TYPE_CHECKING:
+    from inspector.analysis.fqn import check_keys, explain_error
     from inspector.checkpoint import Checkpoint
-    from inspector.doctor import check_keys, explain_error
-    from inspector.widgets import Inspector
+    from inspector.ui.widgets import Inspector
 
 __all__ = [
     "CheckpointFileMissingError",
@@ -46,8 +46,8 @@ __version__ = "0.1.0"
 def open(path: str | os.PathLike) -> Checkpoint:
     """Open a checkpoint (DCP folder, .pt/.pth/.bin, .safetensors, HF sharded folder or index)."""
     from inspector.checkpoint import Checkpoint
+    from inspector.formats.detect import open_source
     from inspector.gc_pause import paused_gc
-    from inspector.sources import open_source
 
     with paused_gc():
         return Checkpoint(open_source(path))
@@ -55,11 +55,11 @@ def open(path: str | os.PathLike) -> Checkpoint:
 
 # Public functions whose modules import torch: loaded on first use.
 _LAZY = {
-    "check_keys": "inspector.doctor",
-    "diff": "inspector.compare",
-    "explain_error": "inspector.doctor",
-    "export": "inspector.exporter",
-    "Inspector": "inspector.widgets",
+    "check_keys": "inspector.analysis.fqn",
+    "diff": "inspector.analysis.diff",
+    "explain_error": "inspector.analysis.fqn",
+    "export": "inspector.exporting.run",
+    "Inspector": "inspector.ui.widgets",
 }
 
 

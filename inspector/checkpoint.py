@@ -12,17 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from inspector import fp8, keys, stats
+from inspector.analysis import stats
+from inspector.entry import ByteRange, ChunkInfo, Entry, layout_problem
 from inspector.errors import CorruptCheckpointError, InspectorError, MissingKeyError
-from inspector.model import ByteRange, ChunkInfo, Entry, layout_problem
-from inspector.tree import KeyNode, build_tree
+from inspector.keys import components as keys
+from inspector.keys.tree import KeyNode, build_tree
+from inspector.tensors import subclass as fp8
 
 if TYPE_CHECKING:
     import pandas
 
-    from inspector.doctor import Consistency
-    from inspector.sources.base import Source
-    from inspector.stats import Histogram, TensorStats
+    from inspector.analysis.fqn import Consistency
+    from inspector.analysis.stats import Histogram, TensorStats
+    from inspector.formats.base import Source
 
 TABLE_COLUMNS = (
     "key",
@@ -90,7 +92,7 @@ class Checkpoint:
 
     def consistency(self) -> Consistency:
         """Optimizer names the model part lacks, and weights stored under several spellings."""
-        from inspector.doctor import consistency
+        from inspector.analysis.fqn import consistency
 
         return consistency(self)
 
@@ -241,7 +243,7 @@ class Checkpoint:
     def histogram(
         self, key: str, bins: int = 64, range: tuple[float, float] | None = None
     ) -> Histogram:
-        """Bin counts of a tensor's finite values (see :mod:`inspector.stats`)."""
+        """Bin counts of a tensor's finite values (see :mod:`inspector.analysis.stats`)."""
         return stats.histogram(self, key, bins, range)
 
     def _assemble(self, entry: Entry, dtype: torch.dtype | None) -> torch.Tensor:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import inspector
-from inspector.cli import main
+from inspector.ui.cli import main
 
 ENTRY_FIELDS = {
     "key",

@@ -11,7 +11,7 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 import inspector
-from inspector import compare
+from inspector.analysis import diff as compare
 
 
 def resave(source: Path, target: Path, edit=None) -> Path:

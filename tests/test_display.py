@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import inspector
-from inspector.display import human_bytes, shape_text
+from inspector.ui.views.text import human_bytes, shape_text
 
 
 def test_human_bytes_uses_decimal_units() -> None:

@@ -13,8 +13,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 import inspector
+from inspector.analysis.fqn import TABLE_COLUMNS, KeyReport, resolve_against
 from inspector.demo.model import TinyLlama, TinyLlamaConfig, build_model
-from inspector.doctor import TABLE_COLUMNS, KeyReport, resolve_against
 from inspector.errors import InspectorError
 from tests.conftest import save_dcp
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 import inspector
 from inspector.demo.model import build_model
 from inspector.errors import InspectorError
-from inspector.export_options import ExportOptions, default_out, parse_dtype, rewrite_rename
+from inspector.exporting.options import ExportOptions, default_out, parse_dtype, rewrite_rename
 
 MODEL_KEYS = list(build_model().state_dict())
 

@@ -410,7 +410,7 @@ def test_corrupt_chunk_found_while_writing_is_skipped(demo_copy, tmp_path: Path)
 
 def test_damage_found_only_while_writing_is_skipped(demo_copy, tmp_path: Path) -> None:
     """The tensor record's header is broken: the scan (pickle only) passes, the read fails."""
-    from inspector.sources.archive import TorchArchive
+    from inspector.formats.torch_archive import TorchArchive
 
     source = demo_copy("seed")
     entry = inspector.open(source).entry("layers.0.attention.wv.weight")

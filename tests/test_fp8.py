@@ -15,10 +15,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import inspector
-from inspector import fp8
 from inspector.errors import UnsupportedError
-from inspector.safe_pickle import SubclassRef
-from inspector.sources.archive import TorchArchive
+from inspector.formats.safe_pickle import SubclassRef
+from inspector.formats.torch_archive import TorchArchive
+from inspector.tensors import subclass as fp8
 from tests.conftest import run_python
 from tests.fixtures import fp8_checkpoints as fx
 
@@ -184,7 +184,7 @@ def test_dequantize_needs_no_torchao(saved_pt: Path, torchao_objects) -> None:
         "import json, sys, torch\n"
         "from pathlib import Path\n"
         "from tests.test_fp8 import via_archive\n"
-        "from inspector import fp8\n"
+        "from inspector.tensors import subclass as fp8\n"
         "described, values = via_archive(Path(sys.argv[1]))\n"
         "out = {k: [fp8.describe(described[k]).fp8,"
         " fp8.dequantize(v).float().double().sum().item()] for k, v in values.items()}\n"
@@ -321,7 +321,7 @@ def test_demo_fp8_values_are_the_master_weights(demo_dir: Path, mode: str) -> No
 def test_demo_fp8_without_torchao(demo_dir: Path) -> None:
     code = (
         "import hashlib, json, sys, inspector\n"
-        "from inspector import fp8\n"
+        "from inspector.tensors import subclass as fp8\n"
         "ck = inspector.open(sys.argv[1])\n"
         "ck.scan(progress=False)\n"
         "outs, _ = fp8.plan(ck, [k for k in ck.keys() if ck.entry(k).kind == 'tensor'])\n"

@@ -11,8 +11,8 @@ from torch import nn
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 import inspector
-from inspector import keys
 from inspector.demo.model import build_model
+from inspector.keys import components as keys
 from tests.conftest import save_dcp
 
 MODEL_KEYS = list(build_model().state_dict())

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import inspector
-from inspector.keys import filter_entries
-from inspector.outline import Outline, Row, entry_page
-from inspector.tree import build_tree
+from inspector.keys.components import filter_entries
+from inspector.keys.tree import build_tree
+from inspector.ui.views.outline import Outline, Row, entry_page
 
 
 @pytest.fixture(scope="module")

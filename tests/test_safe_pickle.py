@@ -12,9 +12,9 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata
 
-from inspector import safe_pickle
 from inspector.errors import CorruptCheckpointError, UnsafeCheckpointError
-from inspector.safe_pickle import Opaque, SubclassRef, TensorRef
+from inspector.formats import safe_pickle
+from inspector.formats.safe_pickle import Opaque, SubclassRef, TensorRef
 from tests.hostile.pickles import Payload, arm, payloads
 
 

@@ -11,7 +11,7 @@ import torch
 
 import inspector
 from inspector.errors import CorruptCheckpointError, UnsupportedError
-from inspector.safe_pickle import Opaque
+from inspector.formats.safe_pickle import Opaque
 from tests.conftest import run_python
 from tests.fixtures.damage import bytes_read, copy, drop_zip_record, truncate
 from tests.fixtures.formats import FLOAT8, same

@@ -10,7 +10,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import inspector
-from inspector import stats
+from inspector.analysis import stats
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import inspector
 from inspector.demo.model import build_model
-from inspector.model import COMPONENTS
-from inspector.summary import ranks_from_files, summarize
-from inspector.tree import Totals
+from inspector.entry import COMPONENTS
+from inspector.keys.tree import Totals
+from inspector.ui.views.summary import ranks_from_files, summarize
 
 
 def test_fp8_demo_totals(demo_dir: Path) -> None:

@@ -10,8 +10,8 @@ import torch
 
 import inspector
 from inspector.errors import MissingKeyError
-from inspector.keys import view_key
-from inspector.tree import Totals
+from inspector.keys.components import view_key
+from inspector.keys.tree import Totals
 from tests.conftest import save_dcp
 
 

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 import inspector
 from inspector.demo.model import build_model
-from inspector.display import human_bytes
-from inspector.widgets import Inspector
+from inspector.ui.views.text import human_bytes
+from inspector.ui.widgets import Inspector
 
 WQ = "layers.0.attention.wq.weight"
 

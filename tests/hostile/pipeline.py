@@ -16,7 +16,7 @@ from typing import Any
 import inspector
 from inspector.checkpoint import Checkpoint
 from inspector.errors import InspectorError
-from inspector.writers import SAFETENSORS_NAMES
+from inspector.exporting.writers import SAFETENSORS_NAMES
 
 
 @dataclass

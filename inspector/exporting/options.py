@@ -1,0 +1,135 @@
+"""Export settings as a form or command line holds them (names, text), and the export they run.
+
+:class:`ExportOptions` turns them into :func:`inspector.export` arguments, including a
+key rename taken from the FQN doctor's best rewrite (:meth:`ExportOptions.use_rewrite`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from inspector.errors import InspectorError
+from inspector.exporting.run import FORMATS, ExportResult, Progress, export
+from inspector.exporting.writers import parse_size
+from inspector.keys.components import view_key
+from inspector.tensors.subclass import FP8_MODES
+
+if TYPE_CHECKING:
+    from inspector.analysis.fqn import KeyReport
+    from inspector.checkpoint import Checkpoint
+
+DTYPES = ("bfloat16", "float16", "float32")
+PT_SUFFIXES = (".pt", ".pth", ".bin")
+PT_FILE = "model.pt"
+
+
+def parse_dtype(name: str | None) -> torch.dtype | None:
+    """``"bfloat16"`` -> ``torch.bfloat16``; None or "" keeps dtypes as stored."""
+    if not name:
+        return None
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise InspectorError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def default_out(ck: Checkpoint, folder: str | os.PathLike = "exports") -> Path:
+    """``exports/<checkpoint name>``: a fresh folder beside the notebook, not in the source."""
+    return Path(folder) / (ck.path.stem if ck.path.is_file() else ck.path.name)
+
+
+@dataclass
+class ExportOptions:
+    """What to export where; ``dtype`` None keeps stored dtypes, ``rename`` maps stored keys.
+
+    ``out`` is a folder (safetensors: ``model.safetensors`` or shards + index inside it; pt:
+    ``model.pt`` inside it) or a file name with the format's suffix.
+    """
+
+    out: str
+    format: str = "safetensors"
+    dtype: str | None = None
+    fp8: str = "dequantize"
+    model_only: bool = True
+    flatten: bool = True
+    max_shard_size: str = "5GB"
+    overwrite: bool = False
+    verify: bool = True
+    rename: dict[str, str] | None = None
+    rename_source: str | None = None
+
+    def target(self) -> Path:
+        """The path handed to the exporter: a .pt file for pt, the folder (or file) otherwise."""
+        out = Path(self.out).expanduser()
+        if self.format == "pt" and out.suffix not in PT_SUFFIXES:
+            return out / PT_FILE
+        return out
+
+    def arguments(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`inspector.export` (besides the checkpoint and target)."""
+        if not str(self.out).strip():
+            raise InspectorError("no output folder given")
+        if self.format not in FORMATS:
+            raise InspectorError(f"format must be one of {FORMATS}, not {self.format!r}")
+        if self.fp8 not in FP8_MODES:
+            raise InspectorError(f"FP8 handling must be one of {FP8_MODES}, not {self.fp8!r}")
+        try:
+            parse_size(self.max_shard_size)
+        except ValueError as exc:
+            raise InspectorError(f"max shard size: {exc}") from None
+        return {
+            "format": self.format,
+            "dtype": parse_dtype(self.dtype),
+            "fp8": self.fp8,
+            "model_only": self.model_only,
+            "flatten": self.flatten,
+            "rename": self.rename,
+            "max_shard_size": self.max_shard_size,
+            "overwrite": self.overwrite,
+            "verify": self.verify,
+        }
+
+    def run(
+        self, ck: Checkpoint, on_progress: Callable[[Progress], None] | None = None
+    ) -> ExportResult:
+        """Export ``ck`` with these settings (no progress bar; ``on_progress`` is called)."""
+        arguments = self.arguments()
+        return export(ck, self.target(), **arguments, progress=False, on_progress=on_progress)
+
+    def use_rewrite(self, ck: Checkpoint, report: KeyReport) -> None:
+        """Rename model keys as the report's best rewrite does (see :func:`rewrite_rename`)."""
+        best = report.best
+        if best is None:
+            why = "the keys already match" if report.ok else "no rewrite explains the difference"
+            raise InspectorError(f"the FQN check has no rewrite to apply: {why}")
+        self.rename = rewrite_rename(ck, report)
+        changed = sum(k != v for k, v in report.mapping().items())
+        self.rename_source = f"{best.description} ({changed} keys renamed)"
+
+    def clear_rename(self) -> None:
+        self.rename = self.rename_source = None
+
+
+def rewrite_rename(ck: Checkpoint, report: KeyReport) -> dict[str, str]:
+    """Stored key -> model key after the report's best rewrite, for every model entry of ``ck``.
+
+    ``report.mapping()`` is keyed by the report's spelling; keyed by stored keys the rename
+    means the same whether the export flattens the ``model.`` prefix or keeps it.
+    """
+    mapping = report.mapping()
+    renamed = {}
+    for entry in ck.entries():
+        spelled = view_key(entry, report.spelling) if entry.component == "model" else None
+        if spelled in mapping:
+            renamed[entry.key] = mapping[spelled]
+    if not renamed:
+        raise InspectorError(
+            f"the FQN check was about {report.checkpoint}, not this checkpoint", file=ck.path
+        )
+    return renamed

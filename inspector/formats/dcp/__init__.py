@@ -1,0 +1,1 @@
+"""torch.distributed.checkpoint folders: ``.metadata`` record stand-ins and the chunk reader."""

@@ -1,0 +1,129 @@
+"""Sizes a pickle claims, checked before the C unpickler acts on them."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickletools
+import re
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from inspector.errors import (
+    CorruptCheckpointError,
+)
+
+# The C unpickler sizes (and zeroes) its memo table up to the largest index a PUT names, so
+# one opcode can take gigabytes; a FRAME announces its length. Genuine pickles number their
+# memo entries from 0 and frame their own bytes, so anything beyond the pickle's size is a
+# lie. The opcodes are read without building anything: runs of fixed-size opcodes by one
+# regular expression, the rest one by one.
+
+
+def _code(op: pickletools.OpcodeInfo) -> int:
+    return op.code.encode("latin-1")[0]
+
+
+_OPS = {op.name: _code(op) for op in pickletools.opcodes}
+_FIXED = {
+    _code(op): op.arg.n if op.arg else 0
+    for op in pickletools.opcodes
+    if not op.arg or op.arg.n >= 0
+}
+_VARIABLE = {_code(op): op.arg.n for op in pickletools.opcodes if op.arg and op.arg.n < 0}
+_CHECKED = {_OPS["LONG_BINPUT"]: "LONG_BINPUT", _OPS["FRAME"]: "FRAME"}
+_LENGTH_BYTES = {
+    pickletools.TAKEN_FROM_ARGUMENT1: 1,
+    pickletools.TAKEN_FROM_ARGUMENT4: 4,
+    pickletools.TAKEN_FROM_ARGUMENT4U: 4,
+    pickletools.TAKEN_FROM_ARGUMENT8U: 8,
+}
+_TWO_LINES = {_OPS["GLOBAL"], _OPS["INST"]}
+
+
+def _opcode_run() -> re.Pattern[bytes]:
+    """Any run of opcodes that need no check: fixed-size ones, and those with a one-byte
+    length (spelled out per length, so short strings stay inside the run)."""
+
+    def one_of(codes: list[int]) -> bytes:
+        return b"[" + b"".join(re.escape(bytes([c])) for c in codes) + b"]"
+
+    fixed = {c: n for c, n in _FIXED.items() if c not in _CHECKED and c != _OPS["STOP"]}
+    tokens = [
+        one_of([c for c, n in fixed.items() if n == size]) + b"." * size
+        for size in sorted(set(fixed.values()))
+    ]
+    short = [c for c, n in _VARIABLE.items() if n == pickletools.TAKEN_FROM_ARGUMENT1]
+    lengths = b"|".join(re.escape(bytes([n])) + b"." * n for n in range(256))
+    tokens.append(one_of(short) + b"(?:" + lengths + b")")
+    return re.compile(b"(?:" + b"|".join(tokens) + b")*", re.DOTALL)
+
+
+_UNCHECKED_RUN = _opcode_run()
+
+
+def _claimed_sizes(data: bytes) -> Iterator[tuple[str, int]]:
+    """(opcode, claimed size) for every LONG_BINPUT, PUT and FRAME of the pickle in ``data``
+    (BINPUT's one-byte index needs no check)."""
+    i, end, frame_end = 0, len(data), 0
+    while True:
+        i = _UNCHECKED_RUN.match(data, i).end()
+        if i >= end:
+            raise ValueError("the pickle ends without a STOP opcode")
+        op = data[i]
+        if op == _OPS["STOP"]:
+            return
+        if op in _CHECKED and i + 1 + _FIXED[op] <= end:
+            claimed = int.from_bytes(data[i + 1 : i + 1 + _FIXED[op]], "little")
+            if op == _OPS["FRAME"]:
+                if i < frame_end:  # the C unpickler answers a nested frame with MemoryError
+                    raise ValueError(f"a frame begins at byte {i}, inside the previous one")
+                frame_end = i + 9 + claimed
+            yield _CHECKED[op], claimed
+            i += 1 + _FIXED[op]
+        elif _VARIABLE.get(op) == pickletools.UP_TO_NEWLINE:
+            line_end = data.index(b"\n", i + 1)
+            if op == _OPS["PUT"]:
+                yield "PUT", int(data[i + 1 : line_end])
+            i = line_end + 1
+            if op in _TWO_LINES:
+                i = data.index(b"\n", i) + 1
+        elif op in _VARIABLE:
+            width = _LENGTH_BYTES[_VARIABLE[op]]
+            i += 1 + width + int.from_bytes(data[i + 1 : i + 1 + width], "little")
+        else:
+            known = "ends inside" if op in _FIXED else "has an unknown"
+            raise ValueError(f"the pickle {known} opcode {op:#04x} at byte {i}")
+
+
+def check_sizes(stream: BinaryIO, *, file: str, key: str | None) -> None:
+    """Refuse the pickle at ``stream``'s position if it claims more than its own size could
+    justify (see above); the stream is left where it was."""
+    start = stream.tell()
+    if isinstance(stream, io.BytesIO):
+        data = stream.getbuffer()[start:].tobytes()
+        claims = _claimed_sizes(data)
+        limit = len(data)
+    else:  # a pre-1.6 file's pickles, read in place: pickletools finds their ends
+        limit = stream.seek(0, os.SEEK_END) - start
+        stream.seek(start)
+        claims = (
+            (op.name, arg)
+            for op, arg, _ in pickletools.genops(stream)
+            if op.name in ("PUT", "BINPUT", "LONG_BINPUT", "FRAME")
+        )
+    try:
+        for name, claimed in claims:
+            if claimed > limit:
+                raise CorruptCheckpointError(
+                    f"pickle opcode {name} claims {claimed}, more than its {limit} bytes "
+                    "could ever need",
+                    file=file,
+                    key=key,
+                )
+    except (ValueError, IndexError) as exc:
+        raise CorruptCheckpointError(
+            f"not a well-formed pickle ({exc})", file=file, key=key
+        ) from exc
+    finally:
+        stream.seek(start)

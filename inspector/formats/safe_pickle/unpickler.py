@@ -1,0 +1,167 @@
+"""The only place that unpickles anything.
+
+Every global a pickle names is resolved here, never imported: an allow-list maps the
+few that genuine checkpoints need to safe stand-ins, known code-execution entry points
+raise :class:`UnsafeCheckpointError`, and everything else becomes an inert
+:class:`Opaque` placeholder that records what it was given and does nothing.
+Tensors are not built while unpickling: a torch archive's ``data.pkl`` yields
+:class:`TensorRef` / :class:`SubclassRef` descriptions that a source materialises later.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import pickletools
+from typing import Any, BinaryIO
+
+import torch
+
+from inspector.errors import (
+    CorruptCheckpointError,
+    InspectorError,
+    UnsafeCheckpointError,
+    UnsupportedError,
+)
+from inspector.formats.dcp import metadata as dcp_metadata
+from inspector.formats.safe_pickle import policy
+from inspector.formats.safe_pickle.prescan import check_sizes
+from inspector.formats.safe_pickle.records import Opaque, StorageRef, StorageType, opaque_class
+from inspector.gc_pause import paused_gc
+
+# ---------------------------------------------------------------------------------------
+# Unpicklers
+
+
+class _Unpickler(pickle.Unpickler):
+    """Resolves globals through ``resolve``; refuses persistent ids unless a subclass maps them."""
+
+    def __init__(self, data: bytes | BinaryIO, file: str, key: str | None) -> None:
+        self.stream = io.BytesIO(data) if isinstance(data, bytes) else data
+        super().__init__(self.stream)
+        self.file, self.key = file, key
+
+    def resolve(self, module: str, name: str) -> Any:
+        raise NotImplementedError
+
+    def find_class(self, module: str, name: str) -> Any:
+        if not isinstance(module, str) or not isinstance(name, str):
+            raise self.unsafe(f"non-string global {module!r}.{name!r}")
+        return self.resolve(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+
+    def unsafe(self, what: str) -> UnsafeCheckpointError:
+        return UnsafeCheckpointError(
+            f"pickle refers to {what}, which could run code; refused (nothing was executed)",
+            file=self.file,
+            key=self.key,
+        )
+
+
+class _MetadataUnpickler(_Unpickler):
+    """For DCP ``.metadata``: only the globals a genuine file names; anything else is refused."""
+
+    def resolve(self, module: str, name: str) -> Any:
+        value = policy.metadata_global(module, name)
+        if value is None:
+            raise self.unsafe(f"{module}.{name} (never part of DCP metadata)")
+        return value
+
+
+class DataUnpickler(_Unpickler):
+    """For torch archives' ``data.pkl`` and plain pickled objects."""
+
+    def __init__(self, data: bytes | BinaryIO, file: str, key: str | None) -> None:
+        super().__init__(data, file, key)
+        self.placeholders: dict[str, type[Opaque]] = {}
+        self.storages: dict[str, StorageRef] = {}
+
+    def resolve(self, module: str, name: str) -> Any:
+        if policy.is_dangerous(module, name):
+            raise self.unsafe(f"{module}.{name}")
+        value = policy.data_global(module, name)
+        if value is None:
+            label = f"{module}.{name}"
+            value = self.placeholders.get(label) or opaque_class(module, name)
+            self.placeholders[label] = value
+        return value
+
+    def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module":
+            return pid[1]  # pre-1.6 files name a saved module's class (already a placeholder)
+        if isinstance(pid, tuple) and len(pid) == 6 and pid[0] == "storage":
+            if pid[5] is not None:
+                raise UnsupportedError(
+                    "storage views (files from torch < 1.0) are not supported",
+                    file=self.file,
+                    key=self.key,
+                )
+            pid = pid[:5]
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+        _, storage_type, key, _location, numel = pid
+        if not isinstance(storage_type, StorageType):
+            raise pickle.UnpicklingError(f"storage type {storage_type!r} is not a torch storage")
+        if not isinstance(key, str) or not isinstance(numel, int) or numel < 0:
+            raise pickle.UnpicklingError(f"bad storage record {key!r} of {numel!r} elements")
+        ref = StorageRef(key, storage_type.dtype or torch.uint8, numel)
+        self.storages.setdefault(key, ref)
+        return ref
+
+
+def run(unpickler: _Unpickler) -> Any:
+    try:
+        check_sizes(unpickler.stream, file=unpickler.file, key=unpickler.key)
+        with paused_gc():
+            return unpickler.load()
+    except InspectorError:
+        raise
+    except RecursionError as exc:
+        raise CorruptCheckpointError(
+            "pickle nests too deeply", file=unpickler.file, key=unpickler.key
+        ) from exc
+    except MemoryError:  # the machine's limit, not the file's fault (sizes are checked above)
+        raise
+    except Exception as exc:  # a malformed pickle can raise almost anything
+        raise CorruptCheckpointError(
+            f"cannot decode pickle ({type(exc).__name__}: {exc})",
+            file=unpickler.file,
+            key=unpickler.key,
+        ) from exc
+
+
+def load_metadata(data: bytes, *, file: str) -> dcp_metadata.Metadata:
+    """Decode a DCP ``.metadata`` pickle into :mod:`inspector.formats.dcp.metadata` records."""
+    metadata = run(_MetadataUnpickler(data, file, None))
+    if not isinstance(metadata, dcp_metadata.Metadata):
+        raise CorruptCheckpointError(
+            f"pickle holds a {type(metadata).__name__}, not DCP Metadata", file=file
+        )
+    return metadata
+
+
+def load_data_pickle(data: bytes, *, file: str, key: str | None = None) -> Any:
+    """Decode a torch archive's ``data.pkl`` or a plain pickled object.
+
+    Tensors come back as TensorRef / SubclassRef descriptions, unknown classes as Opaque.
+    """
+    return run(DataUnpickler(data, file, key))
+
+
+def referenced_globals(data: bytes) -> list[str]:
+    """Names of the globals a pickle refers to, found by reading its opcodes (nothing runs)."""
+    names: list[str] = []
+    strings: list[str] = []
+    try:
+        for opcode, arg, _pos in pickletools.genops(data):
+            if opcode.name in ("GLOBAL", "INST"):
+                names.append(str(arg).replace(" ", "."))
+            elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                names.append(f"{strings[-2]}.{strings[-1]}")
+            elif isinstance(arg, str):
+                strings.append(arg)
+    except Exception:  # truncated or garbled: report what was seen so far
+        pass
+    return list(dict.fromkeys(names))

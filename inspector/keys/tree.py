@@ -1,0 +1,302 @@
+"""The key tree: keys split at their dots into nodes that total count, numel and bytes per dtype.
+
+A node groups its children on first use, so building the root of a 100k-key checkpoint
+costs one pass over the keys and expanding a node one pass over the keys below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
+from typing import Any, NamedTuple
+
+from inspector.entry import Entry
+from inspector.errors import MissingKeyError
+from inspector.gc_pause import paused_gc
+from inspector.keys.components import VIEWS, view_key
+
+# Shared, never mutated: most nodes are leaves or hold no entry of their own.
+_NO_CHILDREN: dict[str, KeyNode] = {}
+_NONE: list[int] = []
+# Names of dtypes (and of kinds, for entries without one) as totals show them.
+_TOTALS_NAMES: dict[object, str] = {}
+# Grouping this many rows allocates enough to set off full collections of a large heap.
+_PAUSE_GC_ABOVE = 1000
+
+
+class Totals(NamedTuple):
+    """How many entries, elements and bytes."""
+
+    count: int = 0
+    numel: int = 0
+    nbytes: int = 0
+
+
+class _Spelled:
+    """The entries of one view: spelled keys and their segments, shared by every node."""
+
+    __slots__ = ("_sizes", "entries", "keys", "parts", "view")
+
+    def __init__(self, entries: list[Entry], view: str) -> None:
+        if view not in VIEWS:
+            raise ValueError(f"view must be one of {VIEWS}, not {view!r}")
+        self.view = view
+        self.entries = entries
+        self.keys = [view_key(e, view) for e in entries]
+        self.parts = [k.split(".") for k in self.keys]
+        self._sizes: list[tuple[str, int, int]] | None = None
+
+    @property
+    def sizes(self) -> list[tuple[str, int, int]]:
+        """(dtype or kind, numel, nbytes) per entry, computed once."""
+        if self._sizes is None:
+            self._sizes = [sized(e) for e in self.entries]
+        return self._sizes
+
+
+class KeyNode:
+    """All keys that start with ``prefix`` (a whole number of dotted segments) in one view."""
+
+    __slots__ = ("_by_dtype", "_children", "_here", "_rows", "_spelled", "depth")
+
+    def __init__(self, spelled: _Spelled, depth: int, rows: list[int]) -> None:
+        self._spelled = spelled
+        self.depth = depth
+        self._rows = rows
+        self._children: dict[str, KeyNode] | None = None
+        self._here: list[int] = _NONE
+        self._by_dtype: dict[str, Totals] | None = None
+
+    # --- totals ----------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The last segment of the prefix ('' for the root)."""
+        return self._spelled.parts[self._rows[0]][self.depth - 1] if self.depth else ""
+
+    @property
+    def prefix(self) -> str:
+        """The dotted key prefix every key below this node starts with ('' for the root)."""
+        return ".".join(self._spelled.parts[self._rows[0]][: self.depth])
+
+    @property
+    def view(self) -> str:
+        return self._spelled.view
+
+    @property
+    def count(self) -> int:
+        return len(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def by_dtype(self) -> dict[str, Totals]:
+        """Totals per dtype (``"object"`` for non-tensor values), largest first; read-only."""
+        if self._by_dtype is None:
+            with paused_gc() if len(self._rows) > _PAUSE_GC_ABOVE else nullcontext():
+                self._by_dtype = ordered_totals(add_rows({}, self._rows, self._spelled.sizes))
+        return self._by_dtype
+
+    def _total_from_children(self) -> None:
+        """Totals as the sum of the (already totalled) children and this node's own entries."""
+        children, here = self._children or _NO_CHILDREN, self._here
+        if len(children) == 1 and not here:
+            [only] = children.values()
+            self._by_dtype = only._by_dtype
+            return
+        if not children and len(here) == 1:
+            dtype, numel, nbytes = self._spelled.sizes[here[0]]
+            self._by_dtype = {dtype: Totals(1, numel, nbytes)}
+            return
+        sums: dict[str, list[int]] = {}
+        for child in children.values():
+            for dtype, t in child._by_dtype.items():
+                acc = sums.get(dtype)
+                if acc is None:
+                    sums[dtype] = [t.count, t.numel, t.nbytes]
+                else:
+                    acc[0] += t.count
+                    acc[1] += t.numel
+                    acc[2] += t.nbytes
+        self._by_dtype = ordered_totals(add_rows(sums, self._here, self._spelled.sizes))
+
+    @property
+    def totals(self) -> Totals:
+        parts = self.by_dtype.values()
+        return Totals(
+            sum(t.count for t in parts), sum(t.numel for t in parts), sum(t.nbytes for t in parts)
+        )
+
+    @property
+    def numel(self) -> int:
+        return self.totals.numel
+
+    @property
+    def nbytes(self) -> int:
+        return self.totals.nbytes
+
+    # --- structure -------------------------------------------------------------------------
+    def _grouped(self) -> dict[str, KeyNode]:
+        if self._children is not None:
+            return self._children
+        rows, depth, parts = self._rows, self.depth, self._spelled.parts
+        if len(rows) == 1 and len(parts[rows[0]]) == depth:
+            self._here = rows
+            self._children = _NO_CHILDREN
+            return _NO_CHILDREN
+        if len(rows) == 1:
+            self._children = {parts[rows[0]][depth]: KeyNode(self._spelled, depth + 1, rows)}
+            return self._children
+        with paused_gc() if len(rows) > _PAUSE_GC_ABOVE else nullcontext():
+            groups: dict[str, list[int]] = {}
+            here = []
+            for row in rows:
+                segments = parts[row]
+                if len(segments) > depth:
+                    group = groups.get(segments[depth])
+                    if group is None:
+                        groups[segments[depth]] = [row]
+                    else:
+                        group.append(row)
+                else:
+                    here.append(row)
+            self._here = here or _NONE
+            self._children = {
+                name: KeyNode(self._spelled, depth + 1, group) for name, group in groups.items()
+            }
+            if len(rows) > _PAUSE_GC_ABOVE:
+                for child in self._children.values():
+                    child.by_dtype  # noqa: B018  (an expanded node shows them; total them in the pause)
+        return self._children
+
+    def children(self) -> list[KeyNode]:
+        """The next level, in the order the keys were stored."""
+        return list(self._grouped().values())
+
+    def child(self, name: str) -> KeyNode:
+        try:
+            return self._grouped()[name]
+        except KeyError:
+            raise MissingKeyError(
+                f"no keys under {self._join(name)!r} in the {self.view} view", key=self._join(name)
+            ) from None
+
+    def _join(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.depth else name
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self._grouped()
+
+    @property
+    def entry(self) -> Entry | None:
+        """The entry whose key is exactly this node's prefix, if any."""
+        self._grouped()
+        return self._spelled.entries[self._here[0]] if self._here else None
+
+    def entries(self, start: int = 0, stop: int | None = None) -> list[Entry]:
+        """Entries below this node in stored order; ``start``/``stop`` select a page."""
+        everything = self._spelled.entries
+        return [everything[row] for row in self._rows[start:stop]]
+
+    def keys(self, start: int = 0, stop: int | None = None) -> list[str]:
+        """The same page as :meth:`entries`, as keys spelled in this view."""
+        spelled = self._spelled.keys
+        return [spelled[row] for row in self._rows[start:stop]]
+
+    def find(self, prefix: str) -> KeyNode:
+        """The node for a dotted key prefix (a whole key gives its leaf), searched from here."""
+        segments = prefix.split(".") if prefix else []
+        mine = self.prefix.split(".") if self.depth else []
+        if segments[: self.depth] != mine:
+            raise MissingKeyError(f"not below {self.prefix!r} in the {self.view} view", key=prefix)
+        node = self
+        for name in segments[self.depth :]:
+            node = node.child(name)
+        return node
+
+    def walk(self) -> Iterator[KeyNode]:
+        """This node and every node below it, depth first, in stored order.
+
+        The whole subtree is grouped and totalled first, in one pass with the garbage
+        collector paused and totals summed bottom-up from the children.
+        """
+        with paused_gc():
+            order, stack = [], [self]
+            while stack:
+                node = stack.pop()
+                order.append(node)
+                children = node._grouped()
+                if children:
+                    stack.extend(reversed(children.values()))
+            for node in reversed(order):
+                if node._by_dtype is None:
+                    node._total_from_children()
+        return iter(order)
+
+    def as_dict(self, depth: int = 0) -> dict[str, Any]:
+        """JSON-ready totals, with ``depth`` levels of children."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "prefix": self.prefix,
+            "count": self.count,
+            "numel": self.numel,
+            "nbytes": self.nbytes,
+            "dtypes": {
+                d: {"count": t.count, "numel": t.numel, "nbytes": t.nbytes}
+                for d, t in self.by_dtype.items()
+            },
+        }
+        if depth > 0:
+            out["children"] = [c.as_dict(depth - 1) for c in self.children()]
+        return out
+
+    def __repr__(self) -> str:
+        where = self.prefix or "<root>"
+        return f"<KeyNode {where!r} ({self.view}): {self.count} keys, {self.nbytes} bytes>"
+
+
+def sized(entry: Entry) -> tuple[str, int, int]:
+    """(dtype, or "object" / "unknown" without one; numel; nbytes): what totals count."""
+    kind = entry.dtype or entry.kind
+    name = _TOTALS_NAMES.get(kind)
+    if name is None:
+        name = entry.dtype_name or ("object" if entry.kind == "object" else "unknown")
+        _TOTALS_NAMES[kind] = name
+    return name, entry.numel, entry.nbytes
+
+
+def tally(sums: dict[str, list[int]], name: str, numel: int, nbytes: int) -> None:
+    """Count one more value of ``numel`` elements and ``nbytes`` bytes under ``name``."""
+    acc = sums.get(name)
+    if acc is None:
+        sums[name] = [1, numel, nbytes]
+    else:
+        acc[0] += 1
+        acc[1] += numel
+        acc[2] += nbytes
+
+
+def add_rows(
+    sums: dict[str, list[int]], rows: Iterable[int], sizes: list[tuple[str, int, int]]
+) -> dict[str, list[int]]:
+    """:func:`tally` each row's (name, numel, nbytes) from ``sizes`` into ``sums``."""
+    for row in rows:
+        tally(sums, *sizes[row])
+    return sums
+
+
+def ordered_totals(sums: dict[str, list[int]]) -> dict[str, Totals]:
+    """Totals per name (dtype), largest byte count first."""
+    if len(sums) == 1:
+        [(dtype, acc)] = sums.items()
+        return {dtype: Totals(*acc)}
+    ordered = sorted(sums.items(), key=lambda kv: (-kv[1][2], kv[0]))
+    return {d: Totals(*acc) for d, acc in ordered}
+
+
+def build_tree(entries: list[Entry], view: str = "stored") -> KeyNode:
+    """The root node over ``entries`` spelled as in ``view`` (stored / flattened / prefixed)."""
+    with paused_gc():
+        spelled = _Spelled(entries, view)
+        return KeyNode(spelled, 0, list(range(len(entries))))

@@ -1,0 +1,325 @@
+"""``ckpt-inspect``: the command-line face of the same core (argument parsing and printing only)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+import inspector
+from inspector.errors import InspectorError
+from inspector.ui.views.text import human_bytes, shape_text
+
+CHECK_HELP = """\
+Compare the checkpoint's model keys with a model or another checkpoint, explain the
+mismatches and rank the key rewrites (strip/add 'model.', wrapper prefixes such as
+'_orig_mod.', an inferred prefix difference) that fix them.
+
+Exit code: 0 when every key, shape and dtype matches as spelled (no rewrite applied),
+1 otherwise, 2 when a checkpoint cannot be opened.
+
+--json prints {"checkpoint", "against", "spelling", "partial", "ok", "loadable",
+"counts": {"checkpoint", "model", "matched", "missing", "unexpected", "shape_mismatches",
+"dtype_mismatches"}, "missing": [key], "unexpected": [key], "shape_mismatches" and
+"dtype_mismatches": [{"checkpoint_key", "model_key", "checkpoint", "model"}],
+"suggestions": [{"description", "steps", "resolves", "remaining", "shape_mismatches",
+"why"}], "after_best": null | {"ok", "counts", "renamed": {checkpoint_key: model_key},
+"shape_mismatches", "dtype_mismatches"}, "explanation"}.
+"""
+
+
+def _print_table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    ck = inspector.open(args.path)
+    if not args.no_scan:
+        ck.scan(progress=not args.json and sys.stderr.isatty())
+    entries = ck.entries()
+    if args.json:
+        payload = {
+            "path": str(ck.path),
+            "format": ck.format,
+            "layout": ck.layout,
+            "source_files": list(ck.source_files),
+            "notes": list(ck.source.notes),
+            "metadata": ck.metadata,
+            "entries": [e.as_dict() for e in entries],
+        }
+        json.dump(payload, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"{ck.path}  format={ck.format}  layout={ck.layout}  keys={len(entries)}")
+    extra = any(e.subclass or e.fp8 for e in entries)
+    header = ["key", "dtype", "shape", "chunks", "size"] + (["subclass", "fp8"] if extra else [])
+    rows = []
+    for e in entries:
+        row = [
+            e.key,
+            e.dtype_name or e.kind,
+            shape_text(e),
+            str(len(e.chunks)),
+            human_bytes(e.nbytes),
+        ]
+        if extra:
+            row += [e.subclass or "", e.fp8 or ""]
+        if e.error:
+            row[0] = f"{e.key}  [unreadable: {e.error}]"
+        rows.append(row)
+    _print_table(rows, header)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    ck = inspector.open(args.path)
+    entry = ck.entry(args.key)
+    ck.inspect_subclass(args.key)
+    if entry.kind == "object":
+        print(f"{entry.key}: object ({entry.component})")
+        print(repr(ck.read_object(args.key)))
+        return 0
+    tensor = ck.read(args.key)
+    print(f"{entry.key}: tensor ({entry.component})")
+    print(f"  dtype    {entry.dtype_name}")
+    print(f"  shape    {list(entry.shape)}  ({entry.numel} elements, {human_bytes(entry.nbytes)})")
+    print(f"  chunks   {len(entry.chunks)} in {', '.join(entry.files)}")
+    for chunk in entry.chunks[: args.chunks]:
+        print(
+            f"           offsets {list(chunk.offsets)} sizes {list(chunk.sizes)} "
+            f"{chunk.file}@{chunk.byte_offset}"
+        )
+    if entry.subclass:
+        print(f"  subclass {entry.subclass}")
+    if entry.fp8:
+        print(f"  fp8      {entry.fp8}")
+    flat = tensor.reshape(-1)[: args.values]
+    print(f"  values   {_format_values(flat)}{' ...' if tensor.numel() > args.values else ''}")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from inspector.analysis import diff as compare
+
+    table = compare.diff(
+        args.a,
+        args.b,
+        values=not args.keys_only,
+        atol=args.atol,
+        rtol=args.rtol,
+        key_map=None if args.key_map == "none" else "auto",
+        progress=False,
+    )
+    equal = bool(table["equal"].all())
+    summary = compare.summarize(table)
+    if args.json:
+        rows = json.loads(table.to_json(orient="records"))
+        json.dump(
+            {"a": args.a, "b": args.b, "equal": equal, "summary": summary, "rows": rows},
+            sys.stdout,
+            indent=1,
+        )
+        print()
+        return 0 if equal else 1
+    print(f"{len(table)} keys: " + ", ".join(f"{n} {s}" for s, n in summary.items() if n))
+    differing = table[~table["equal"] | (table["status"] == "dtype")]
+    rows = [
+        [
+            r.key if _missing(r.key_b) or r.key_b == r.key else f"{r.key} -> {r.key_b}",
+            r.status,
+            f"{_number(r.dtype_a, '{}') or '-'} / {_number(r.dtype_b, '{}') or '-'}",
+            _number(r.max_abs_diff, "{:.3g}"),
+            _number(r.n_diff, "{:.0f}"),
+        ]
+        for r in differing.itertuples()
+    ]
+    if rows:
+        _print_table(rows, ["key", "status", "dtype a / b", "max abs diff", "differing"])
+    print(
+        "equal" if equal else "DIFFERENT",
+        "within" if args.atol or args.rtol else "at",
+        f"atol={args.atol} rtol={args.rtol}",
+    )
+    return 0 if equal else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from inspector.exporting.options import parse_dtype
+    from inspector.exporting.run import export
+
+    result = export(
+        args.path,
+        args.out,
+        format=args.format,
+        dtype=parse_dtype(args.dtype),
+        fp8=args.fp8,
+        model_only=not args.all_components,
+        flatten=not args.keep_prefix,
+        nested=args.nested,
+        include=args.include,
+        exclude=args.exclude,
+        max_shard_size=args.max_shard_size,
+        overwrite=args.overwrite,
+        verify=not args.no_verify,
+        on_error="skip" if args.skip_unreadable else "fail",
+        progress=sys.stderr.isatty(),
+    )
+    print(result.summary())
+    return 0 if result.verification is None or result.verification.ok else 1
+
+
+def _missing(value: Any) -> bool:
+    """None, or the NaN pandas stores in its place."""
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def _number(value: Any, fmt: str) -> str:
+    return "" if _missing(value) else fmt.format(value)
+
+
+def _format_values(flat: Any) -> str:
+    if flat.dtype.is_floating_point and flat.dtype.itemsize == 1:
+        flat = flat.float()
+    return str(flat.tolist())
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from inspector.analysis import fqn as doctor
+
+    sys.path.insert(0, os.getcwd())  # as with `python -m`: the user's own modules import
+    against = doctor.resolve_against(args.against, device=args.device)
+    report = doctor.check_keys(args.path, against, spelling=args.spelling)
+    passed = report.loadable if args.ignore_dtype else report.ok
+    if args.json:
+        json.dump(report.as_dict(), sys.stdout, indent=1)
+        print()
+        return 0 if passed else 1
+    print(textwrap.fill(report.explain(), width=100))
+    _print_keys("missing from the checkpoint", report.missing, args.limit)
+    _print_keys("unexpected in the checkpoint", report.unexpected, args.limit)
+    for name, found in (("shape", report.shape_mismatches), ("dtype", report.dtype_mismatches)):
+        if found:
+            print(f"\n{name} mismatches ({len(found)}):")
+            rows = [[m.model_key, str(m.checkpoint), str(m.model)] for m in found[: args.limit]]
+            _print_table(rows, ["key", "checkpoint", "model"])
+    if report.suggestions:
+        print("\nsuggested rewrites of the checkpoint keys, best first:")
+        rows = [
+            [str(i), s.description, str(s.resolves), str(s.remaining), str(s.shape_mismatches)]
+            for i, s in enumerate(report.suggestions, 1)
+        ]
+        _print_table(rows, ["#", "rewrite", "resolves", "left", "shape mismatches"])
+    return 0 if passed else 1
+
+
+def _print_keys(title: str, keys: list[str], limit: int) -> None:
+    if keys:
+        print(f"\n{title} ({len(keys)}):")
+        for key in keys[:limit]:
+            print(f"  {key}")
+        if len(keys) > limit:
+            print(f"  ... {len(keys) - limit} more")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ckpt-inspect",
+        description="Inspect PyTorch checkpoints (DCP, .pt, safetensors) safely.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    ls = sub.add_parser("ls", help="list keys with dtype, shape, chunks and size")
+    ls.add_argument("path")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument(
+        "--no-scan",
+        action="store_true",
+        help="skip reading each chunk's pickle record (subclass / fp8 columns stay empty for DCP)",
+    )
+    ls.set_defaults(func=cmd_ls)
+    show = sub.add_parser("show", help="one key: summary and first values")
+    show.add_argument("path")
+    show.add_argument("key")
+    show.add_argument("--values", type=int, default=8, help="how many values to print")
+    show.add_argument("--chunks", type=int, default=8, help="how many chunks to list")
+    show.set_defaults(func=cmd_show)
+    diff = sub.add_parser("diff", help="compare two checkpoints key by key (exit 0 when equal)")
+    diff.add_argument("a")
+    diff.add_argument("b")
+    diff.add_argument("--json", action="store_true", help="machine-readable output")
+    diff.add_argument("--keys-only", action="store_true", help="compare keys, dtypes, shapes only")
+    diff.add_argument("--atol", type=float, default=0.0, help="absolute tolerance")
+    diff.add_argument("--rtol", type=float, default=0.0, help="relative tolerance")
+    diff.add_argument(
+        "--key-map",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto: match keys across layouts with the FQN doctor's best rewrite",
+    )
+    diff.set_defaults(func=cmd_diff)
+    check = sub.add_parser(
+        "check",
+        help="compare the checkpoint's model keys with a model or checkpoint; suggest renames",
+        description=CHECK_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument("path")
+    check.add_argument(
+        "--against",
+        required=True,
+        metavar="OTHER_PATH | module.path:factory",
+        help="another checkpoint, or a callable that builds the model (called under --device)",
+    )
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument(
+        "--spelling",
+        choices=("stored", "flattened", "prefixed"),
+        help="how to spell the checkpoint's model keys (default: stored for DCP, else flattened)",
+    )
+    check.add_argument(
+        "--device", default="meta", help="device the factory builds the model on (default: meta)"
+    )
+    check.add_argument(
+        "--ignore-dtype", action="store_true", help="dtype mismatches alone do not fail (exit 0)"
+    )
+    check.add_argument("--limit", type=int, default=20, help="how many keys to list per group")
+    check.set_defaults(func=cmd_check)
+
+    exp = sub.add_parser("export", help="write plain .safetensors (HF-sharded) or .pt, streaming")
+    exp.add_argument("path")
+    exp.add_argument("out", help="safetensors: a folder (or *.safetensors); pt: the file")
+    exp.add_argument("--format", choices=("safetensors", "pt"), default="safetensors")
+    exp.add_argument("--dtype", help="cast floating tensors, e.g. bfloat16")
+    exp.add_argument("--fp8", choices=("dequantize", "unwrap", "keep"), default="dequantize")
+    exp.add_argument("--max-shard-size", default="5GB", help="e.g. 5GB (decimal), 500MiB")
+    exp.add_argument("--keep-prefix", action="store_true", help="keep the 'model.' prefix")
+    exp.add_argument("--all-components", action="store_true", help="not only the model")
+    exp.add_argument("--nested", action="store_true", help="pt: keep the stored nesting")
+    exp.add_argument("--include", action="append", metavar="GLOB", help="keys to keep")
+    exp.add_argument("--exclude", action="append", metavar="GLOB", help="keys to leave out")
+    exp.add_argument("--overwrite", action="store_true", help="replace existing output")
+    exp.add_argument("--no-verify", action="store_true", help="skip re-reading the output")
+    exp.add_argument("--skip-unreadable", action="store_true", help="leave damaged keys out")
+    exp.set_defaults(func=cmd_export)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `ckpt-inspect ls ... | head` ends quietly
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except InspectorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""How sizes and shapes read to a person (shared by the command line and the Jupyter app)."""
+
+from __future__ import annotations
+
+from inspector.entry import Entry
+
+
+def human_bytes(n: int) -> str:
+    """Decimal units, like file managers and Hugging Face: 1.5 MB is 1,500,000 bytes."""
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+def shape_text(entry: Entry) -> str:
+    """``64x64``, ``scalar`` for a 0-d tensor, ``-`` for a non-tensor value."""
+    if entry.shape:
+        return "x".join(map(str, entry.shape))
+    return "scalar" if entry.kind == "tensor" else "-"

@@ -1,0 +1,188 @@
+"""Export: settings, an Export button, a progress bar fed by a worker thread, the result."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import ipywidgets as w
+
+from inspector.analysis.fqn import KeyReport
+from inspector.checkpoint import Checkpoint
+from inspector.exporting.options import DTYPES, ExportOptions, default_out
+from inspector.exporting.run import ExportResult, Progress
+from inspector.ui.views.text import human_bytes
+from inspector.ui.widgets.errors import ErrorBox, error_html
+from inspector.ui.widgets.markup import badge, esc, heading, note, pre, table
+
+FP8_CHOICES = (
+    ("dequantize: FP8 payloads to the dtype (bfloat16 if as stored)", "dequantize"),
+    ("unwrap: FP8 training wrappers to their master weights", "unwrap"),
+    ("keep: raw float8 data plus scales", "keep"),
+)
+# Progress messages at most this often (seconds), so a many-tensor export does not flood.
+UPDATE_EVERY = 0.1
+_WIDE = {"description_width": "120px"}
+
+
+def result_html(result: ExportResult) -> str:
+    """The verdict, the files written with their sizes, and the exporter's own summary."""
+    check = result.verification
+    if check is None:
+        verdict = badge("written, not verified", "warn")
+    else:
+        verdict = badge("verified", "ok") if check.ok else badge("verification failed", "bad")
+    files = [*result.files, *([result.index] if result.index else [])]
+    rows = [(str(p), human_bytes(Path(p).stat().st_size)) for p in files]
+    return (
+        f"<div>{verdict} {esc(check) if check is not None else ''}</div>"
+        + table(("file", "size"), rows)
+        + heading("summary")
+        + pre(result.summary())
+    )
+
+
+class ExportPanel(w.VBox):
+    """Export settings; the export runs in a thread so the notebook stays responsive."""
+
+    def __init__(self, ck: Checkpoint, errors: ErrorBox) -> None:
+        self.ck = ck
+        self.errors = errors
+        self.options = ExportOptions(out=str(default_out(ck)))
+        self.thread: threading.Thread | None = None
+        self.result: ExportResult | None = None
+        self.format = w.ToggleButtons(
+            options=[(".safetensors", "safetensors"), (".pt", "pt")],
+            description="Format",
+            style=_WIDE,
+        )
+        self.dtype = w.Dropdown(
+            options=[("as stored", None), *((d, d) for d in DTYPES)],
+            description="dtype",
+            style=_WIDE,
+        )
+        self.fp8 = w.Dropdown(
+            options=list(FP8_CHOICES),
+            description="FP8",
+            layout=w.Layout(width="560px"),
+            style=_WIDE,
+        )
+        self.model_only = w.Checkbox(value=True, description="model weights only")
+        self.flatten = w.ToggleButtons(
+            options=[("flatten", True), ("keep prefix", False)],
+            description="model. prefix",
+            style=_WIDE,
+        )
+        self.max_shard_size = w.Text(value="5GB", description="Max shard size", style=_WIDE)
+        self.out = w.Text(
+            value=self.options.out,
+            description="Output folder",
+            layout=w.Layout(width="560px"),
+            style=_WIDE,
+        )
+        self.overwrite = w.Checkbox(value=False, description="overwrite existing output")
+        self.rename = w.HTML()
+        self.clear_rename_button = w.Button(description="Clear rename", icon="times")
+        self.export_button = w.Button(description="Export", button_style="success", icon="download")
+        self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, description="Progress")
+        self.status = w.Label()
+        self.outcome = w.HTML()
+        self.outcome.add_class("inspector-export-result")
+        self.out.add_class("inspector-export-out")
+        self.export_button.add_class("inspector-export")
+        self.clear_rename_button.on_click(errors.guard("Clearing the rename")(self._clear_rename))
+        self.export_button.on_click(errors.guard("Starting the export")(lambda _: self.start()))
+        self._show_rename()
+        super().__init__(
+            [
+                self.format,
+                self.dtype,
+                self.fp8,
+                self.flatten,
+                self.model_only,
+                self.max_shard_size,
+                self.out,
+                self.overwrite,
+                w.HBox([self.rename, self.clear_rename_button]),
+                w.HBox([self.export_button, self.progress, self.status]),
+                self.outcome,
+            ]
+        )
+        self._last_update = 0.0
+
+    # --- settings ---------------------------------------------------------------------------
+    def use_rewrite(self, report: KeyReport) -> None:
+        """Rename keys on export as the FQN check's best rewrite does."""
+        self.options.use_rewrite(self.ck, report)
+        self._show_rename()
+
+    def _clear_rename(self, _button: object) -> None:
+        self.options.clear_rename()
+        self._show_rename()
+
+    def _show_rename(self) -> None:
+        source = self.options.rename_source
+        text = f"<b>Rename:</b> {esc(source)}" if source else "<b>Rename:</b> none"
+        self.rename.value = text
+        self.clear_rename_button.layout.display = "" if source else "none"
+
+    def _read_form(self) -> ExportOptions:
+        options = self.options
+        options.format, options.dtype, options.fp8 = (
+            self.format.value,
+            self.dtype.value,
+            self.fp8.value,
+        )
+        options.model_only, options.flatten = self.model_only.value, self.flatten.value
+        options.max_shard_size, options.out = self.max_shard_size.value, self.out.value
+        options.overwrite = self.overwrite.value
+        options.arguments()
+        return options
+
+    # --- running ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Check the settings here, then export in a worker thread."""
+        if self.thread is not None and self.thread.is_alive():
+            return
+        options = replace(self._read_form())  # the thread's own copy: the form may change
+        self.result = None
+        self.export_button.disabled = True
+        self.progress.value, self.progress.bar_style = 0.0, ""
+        self.status.value = "starting ..."
+        self.outcome.value = note(f"exporting to {options.target()} ...")
+        self.thread = threading.Thread(target=self._run, args=(options,), daemon=True)
+        self.thread.start()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until a running export has finished (for scripts and tests)."""
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    def _run(self, options: ExportOptions) -> None:
+        try:
+            self.result = options.run(self.ck, self._on_progress)
+        except Exception as exc:
+            self.progress.bar_style = "danger"
+            self.status.value = "failed"
+            self.outcome.value = error_html("The export", exc)
+            self.errors.show("The export", exc)
+        else:
+            ok = self.result.verification is None or self.result.verification.ok
+            self.progress.value, self.progress.bar_style = 1.0, "success" if ok else "danger"
+            self.status.value = "done"
+            self.outcome.value = result_html(self.result)
+        finally:
+            self.export_button.disabled = False
+
+    def _on_progress(self, step: Progress) -> None:
+        now = time.monotonic()
+        if step.done < step.total and now - self._last_update < UPDATE_EVERY:
+            return
+        self._last_update = now
+        self.progress.value = step.done / step.total if step.total else 1.0
+        self.progress.bar_style = "info" if step.phase == "verify" else ""
+        self.status.value = (
+            f"{step.phase}: {human_bytes(step.done)} of {human_bytes(step.total)} ({step.key})"
+        )

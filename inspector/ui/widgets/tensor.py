@@ -1,0 +1,145 @@
+"""Tensor: the selected key's dtype, global shape, chunks and subclass facts; Stats on demand."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import ipywidgets as w
+
+from inspector.checkpoint import Checkpoint
+from inspector.entry import Entry
+from inspector.keys.tree import KeyNode
+from inspector.ui.views.text import human_bytes, shape_text
+from inspector.ui.widgets.errors import ErrorBox
+from inspector.ui.widgets.markup import facts, heading, limited, note, pre, table, totals_table
+
+CHUNKS_SHOWN = 32
+VALUE_CHARS = 4000
+HISTOGRAM_BINS = 64
+STAT_FIELDS = ("min", "max", "mean", "std", "absmax", "l2", "zeros", "nan", "inf")
+
+
+def histogram_png(ck: Checkpoint, key: str, range: tuple[float, float] | None = None) -> bytes:
+    """The histogram figure as PNG bytes (Agg canvas, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from inspector.analysis.stats import plot_histogram
+
+    figure = plot_histogram(ck, key, HISTOGRAM_BINS, range=range)
+    FigureCanvasAgg(figure)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=72)
+    return buffer.getvalue()
+
+
+class TensorPanel(w.VBox):
+    """Details of the selected node: an entry's facts, or a subtree's totals per dtype."""
+
+    def __init__(self, ck: Checkpoint, errors: ErrorBox) -> None:
+        self.ck = ck
+        self.entry: Entry | None = None
+        self.details = w.HTML()
+        self.stats_button = w.Button(description="Stats", icon="bar-chart", disabled=True)
+        self.value_button = w.Button(description="Value", icon="eye", disabled=True)
+        self.stats = w.HTML()
+        self.histogram = w.Image(format="png", layout=w.Layout(display="none", width="432px"))
+        self.details.add_class("inspector-tensor")
+        self.stats.add_class("inspector-stats")
+        self.histogram.add_class("inspector-histogram")
+        self.stats_button.on_click(errors.guard("Stats")(lambda _: self.show_stats()))
+        self.value_button.on_click(errors.guard("Reading the value")(lambda _: self.show_value()))
+        buttons = w.HBox([self.stats_button, self.value_button])
+        super().__init__([self.details, buttons, self.stats, self.histogram])
+
+    def show(self, node: KeyNode) -> None:
+        """An entry's details when the node holds one, else the subtree's totals."""
+        self.stats.value = ""
+        self.histogram.layout.display = "none"
+        self.entry = node.entry
+        if self.entry is None:
+            self.stats_button.disabled = self.value_button.disabled = True
+            self.details.value = _subtree(node)
+            return
+        tensor = self.entry.kind == "tensor"
+        self.stats_button.disabled = not tensor or bool(self.entry.error)
+        self.value_button.disabled = tensor or bool(self.entry.error)
+        self.details.value = self._describe(self.entry, node.prefix)
+
+    def _describe(self, entry: Entry, spelled: str) -> str:
+        parts = [
+            heading(spelled),
+            facts(
+                [
+                    ("stored key", entry.key if entry.key != spelled else None),
+                    ("component", entry.component),
+                    ("kind", entry.kind),
+                    ("dtype", entry.dtype_name),
+                    ("global shape", shape_text(entry)),
+                    ("elements", f"{entry.numel:,}" if entry.kind == "tensor" else None),
+                    ("size", human_bytes(entry.nbytes)),
+                    ("files", ", ".join(entry.files)),
+                    ("unreadable", entry.error),
+                ]
+            ),
+        ]
+        if entry.kind == "tensor":
+            found = self.ck.inspect_subclass(entry.key)
+            parts.append(heading("subclass and FP8"))
+            parts.append(
+                facts(
+                    [
+                        ("holds", found.kind),
+                        ("subclass", found.subclass),
+                        ("fp8", found.fp8),
+                        ("payload", found.payload),
+                        ("scale parts", ", ".join(found.parts) or None),
+                        ("classes", ", ".join(found.classes) or None),
+                        ("error", found.error),
+                    ]
+                )
+            )
+            parts.append(heading(f"chunks ({len(entry.chunks)})"))
+            rows = [
+                (list(c.offsets), list(c.sizes), c.file, c.byte_offset, c.byte_length)
+                for c in entry.chunks
+            ]
+            header = ("offsets", "sizes", "file", "byte offset", "bytes")
+            parts.append(limited(header, rows, CHUNKS_SHOWN))
+        return "".join(parts)
+
+    def show_stats(self) -> None:
+        """Read this one tensor, chunk by chunk: summary numbers and a histogram."""
+        key = self.entry.key
+        found = self.ck.stats(key)
+        rows = [(name, _number(getattr(found, name))) for name in STAT_FIELDS]
+        self.stats.value = heading("statistics") + table(("", "value"), rows)
+        finite = math.isfinite(found.min) and math.isfinite(found.max)
+        span = (found.min, found.max) if finite else None
+        self.histogram.value = histogram_png(self.ck, key, span)
+        self.histogram.layout.display = ""
+
+    def show_value(self) -> None:
+        text = repr(self.ck.read_object(self.entry.key))
+        cut = (
+            f"\n... ({len(text) - VALUE_CHARS:,} more characters)"
+            if len(text) > VALUE_CHARS
+            else ""
+        )
+        self.stats.value = heading("value") + pre(text[:VALUE_CHARS] + cut)
+
+
+def _subtree(node: KeyNode) -> str:
+    """A node's totals per dtype (the root's are in the header already)."""
+    if not node.depth:
+        return note("Select a key in the tree for its chunks, subclass and statistics.")
+    return (
+        heading(node.prefix)
+        + f"<div>{node.count:,} keys, {human_bytes(node.nbytes)}</div>"
+        + totals_table("dtype", node.by_dtype)
+        + note(f"Select a key below {node.prefix} for its chunks, subclass and statistics.")
+    )
+
+
+def _number(value: float | int) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:.6g}"

@@ -1,0 +1,221 @@
+"""Keys: the key tree in a view (stored / flattened / prefixed), a filter, a node's entries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ipywidgets as w
+
+from inspector.checkpoint import Checkpoint
+from inspector.entry import Entry
+from inspector.errors import MissingKeyError
+from inspector.keys.components import FILTER_MODES, VIEWS, filter_entries, view_key
+from inspector.keys.tree import KeyNode, build_tree
+from inspector.ui.views.outline import CHILDREN_PAGE, Outline, Row, entry_page
+from inspector.ui.views.text import human_bytes, shape_text
+from inspector.ui.widgets.errors import ErrorBox
+from inspector.ui.widgets.markup import heading, note, table
+
+# A filter down to this many keys opens every node, so the matches are in sight.
+EXPAND_MATCHES = 200
+INDENT = "\u00a0" * 4
+GAP = "\u00a0\u00a0\u00b7\u00a0\u00a0"
+ENTRY_COLUMNS = ("key", "dtype", "shape", "size", "chunks", "subclass", "fp8")
+
+
+def row_label(row: Row, page: int) -> str:
+    """``▸ layers · 18 keys · 1.2 MB``, indented by depth (no-break spaces survive <option>)."""
+    pad = INDENT * row.depth
+    if row.kind == "more":
+        return f"{pad}\u00a0\u00a0... {row.count:,} more: select to list {min(page, row.count):,}"
+    marker = "\u25be" if row.expanded else "\u25b8" if row.expandable else "\u2022"
+    entry = row.entry
+    if entry is not None and not row.expandable:
+        detail = f"{entry.dtype_name or entry.kind}{GAP}{shape_text(entry)}"
+    else:
+        detail = f"{row.count:,} {'key' if row.count == 1 else 'keys'}"
+    return f"{pad}{marker} {row.name}{GAP}{detail}{GAP}{human_bytes(row.nbytes)}"
+
+
+def _holds(root: KeyNode, key: str) -> bool:
+    """Whether the tree has an entry spelled ``key``."""
+    try:
+        return root.find(key).entry is not None
+    except MissingKeyError:
+        return False
+
+
+class TreePanel(w.VBox):
+    """The key tree as a list of visible rows; selecting a node opens it and lists its entries.
+
+    ``side`` sits to the right of the list (the Tensor panel); ``on_select`` gets each
+    selected node. A node lists ``children_page`` children, then a "more" row.
+    """
+
+    children_page = CHILDREN_PAGE
+
+    def __init__(
+        self,
+        ck: Checkpoint,
+        errors: ErrorBox,
+        side: w.Widget,
+        on_select: Callable[[KeyNode], None],
+    ) -> None:
+        self.ck = ck
+        self.on_select = on_select
+        self.view = w.ToggleButtons(options=list(VIEWS), value="stored", description="View")
+        self.mode = w.Dropdown(options=list(FILTER_MODES), layout=w.Layout(width="110px"))
+        self.mode.add_class("inspector-filter-mode")
+        self.filter = w.Text(
+            placeholder="filter keys, then Enter",
+            continuous_update=False,
+            layout=w.Layout(width="280px"),
+        )
+        self.collapse_button = w.Button(description="Collapse", icon="compress")
+        self.collapse_all_button = w.Button(description="Collapse all")
+        self.status = w.HTML()
+        self.tree = w.Select(options=[], rows=22, layout=w.Layout(width="100%"))
+        self.entries = w.HTML()
+        self.prev_button = w.Button(description="Previous", icon="chevron-left")
+        self.next_button = w.Button(description="Next", icon="chevron-right")
+        self.page_label = w.Label()
+        for widget, name in (
+            (self.view, "view"),
+            (self.filter, "filter"),
+            (self.tree, "tree"),
+            (self.entries, "entries"),
+        ):
+            widget.add_class(f"inspector-{name}")
+        self.outline: Outline
+        self.selected = ""
+        self.page = 0
+        self._quiet = False
+
+        self.view.observe(errors.guard("Switching the view")(self._refilter), "value")
+        self.filter.observe(errors.guard("Filtering")(self._refilter), "value")
+        self.mode.observe(errors.guard("Filtering")(self._refilter), "value")
+        self.tree.observe(errors.guard("Selecting")(self._on_pick), "value")
+        self.collapse_button.on_click(errors.guard("Collapsing")(lambda _: self.collapse()))
+        self.collapse_all_button.on_click(errors.guard("Collapsing")(lambda _: self.collapse_all()))
+        self.prev_button.on_click(errors.guard("Paging")(lambda _: self.show_page(self.page - 1)))
+        self.next_button.on_click(errors.guard("Paging")(lambda _: self.show_page(self.page + 1)))
+
+        self.rebuild()
+        controls = w.HBox([self.mode, self.filter, self.collapse_button, self.collapse_all_button])
+        pager = w.HBox([self.prev_button, self.page_label, self.next_button])
+        body = w.HBox(
+            [
+                w.VBox([self.status, self.tree], layout=w.Layout(width="50%")),
+                w.Box([side], layout=w.Layout(width="50%", padding="0 0 0 12px", overflow="auto")),
+            ]
+        )
+        super().__init__([self.view, controls, body, self.entries, pager])
+
+    # --- building and showing ---------------------------------------------------------------
+    def rebuild(self, keep: Entry | None = None) -> None:
+        """The tree for the current view and filter; ``keep`` stays selected if it matches."""
+        view, pattern = self.view.value, self.filter.value
+        entries = filter_entries(self.ck.entries(), view, pattern, self.mode.value)
+        root = build_tree(entries, view)
+        self.outline = Outline(root, self.children_page)
+        self.selected = ""
+        if pattern:
+            self.outline.expand_all(EXPAND_MATCHES)
+            self.status.value = note(f"{root.count:,} of {len(self.ck):,} keys match")
+        else:
+            self.status.value = note(
+                f"{root.count:,} keys, {view} spelling; select a row to open it"
+            )
+        spelled = view_key(keep, view) if keep is not None else ""
+        if spelled and _holds(root, spelled):
+            self.outline.reveal(spelled)
+            self.selected = spelled
+        self._show_selected()
+
+    @property
+    def node(self) -> KeyNode:
+        """The selected node (the root when nothing is selected)."""
+        return self.outline.node(self.selected)
+
+    def render(self) -> None:
+        """Rows as options, with the selected node still selected."""
+        page = self.outline.page
+        options = [(row_label(r, page), (r.kind, r.prefix)) for r in self.outline.rows()]
+        self._quiet = True
+        try:
+            self.tree.options = options
+            wanted = ("node", self.selected)
+            self.tree.value = wanted if any(v == wanted for _, v in options) else None
+        finally:
+            self._quiet = False
+
+    def show_page(self, number: int) -> None:
+        """The selected node's entries, page ``number``, with subclasses scanned for that page."""
+        node = self.node
+        page = entry_page(node, number)
+        self.page = page.number
+        self.ck.scan([e.key for e in page.entries], progress=False)
+        rows = [
+            (
+                key,
+                e.dtype_name or e.kind,
+                shape_text(e),
+                human_bytes(e.nbytes),
+                len(e.chunks),
+                e.subclass or "",
+                e.fp8 or (f"unreadable: {e.error}" if e.error else ""),
+            )
+            for key, e in zip(page.keys, page.entries, strict=True)
+        ]
+        where = node.prefix if node.depth else "all keys"
+        shown = f"{page.start + 1:,}-{page.start + len(rows):,}" if rows else "none"
+        self.entries.value = heading(f"{where}: entries {shown} of {page.total:,}") + table(
+            ENTRY_COLUMNS, rows
+        )
+        self.page_label.value = f"page {page.number + 1} of {page.pages}"
+        self.prev_button.disabled = page.number == 0
+        self.next_button.disabled = page.number >= page.pages - 1
+
+    # --- user actions -----------------------------------------------------------------------
+    def select(self, prefix: str) -> None:
+        """Select a node by its prefix in the current view (opening it and its ancestors)."""
+        self.outline.reveal(prefix)
+        self.selected = prefix
+        self.outline.expand(prefix)
+        self._show_selected()
+
+    def collapse(self) -> None:
+        """Close the selected node; on a closed or leaf node, close its parent instead."""
+        prefix = self.selected
+        if prefix and not self.outline.is_expanded(prefix):
+            prefix = prefix.rpartition(".")[0]
+        if prefix:
+            self.outline.collapse(prefix)
+        else:
+            self.outline.collapse_all()
+        self.selected = prefix
+        self._show_selected()
+
+    def collapse_all(self) -> None:
+        self.outline.collapse_all()
+        self.selected = ""
+        self._show_selected()
+
+    def _show_selected(self) -> None:
+        self.render()
+        self.show_page(0)
+        self.on_select(self.node)
+
+    def _refilter(self, _change: object) -> None:
+        node = self.node
+        self.rebuild(keep=node.entry if node.depth else None)
+
+    def _on_pick(self, change: dict) -> None:
+        if self._quiet or change["new"] is None:
+            return
+        kind, prefix = change["new"]
+        if kind == "more":
+            self.outline.show_more(prefix)
+            self.render()
+        else:
+            self.select(prefix)

@@ -1,5 +1,0 @@
-"""The Jupyter app: ``inspector.Inspector(path)`` (presentation only; the core does the work)."""
-
-from inspector.widgets.app import Inspector
-
-__all__ = ["Inspector"]

@@ -20,6 +20,7 @@ dev-env: $(PY)
 
 test: dev-env
 	$(PY) -m ruff check inspector tests benchmarks
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 # Many more fuzz examples than `make test` runs, with a fresh seed each time.
@@ -37,6 +38,7 @@ $(DEMO)/.built: $(PY) pyproject.toml $(wildcard inspector/demo/*.py)
 
 lint: dev-env
 	$(PY) -m ruff check inspector tests benchmarks
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache .hypothesis

@@ -44,7 +44,7 @@ def build(path: Path, dim: int) -> None:
 def scan(path: Path) -> int:
     ck = inspector.open(path)
     ck.scan(progress=False)
-    return sum(e.subclass is not None for e in ck.entries())
+    return sum(ck.facts(k).subclass is not None for k in ck.keys())
 
 
 def read_all(path: Path) -> int:

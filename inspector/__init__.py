@@ -1,6 +1,7 @@
 """checkpoint-inspector: open PyTorch training checkpoints lazily and safely.
 
-``import inspector`` is cheap: torch, pandas and ipywidgets load only when used.
+``import inspector`` is cheap, and so is opening and listing a checkpoint: torch, pandas
+and ipywidgets load only when used (a tensor read, a table, the app).
 """
 
 from __future__ import annotations
@@ -17,56 +18,86 @@ from inspector.errors import (
     NotACheckpointError,
     UnsafeCheckpointError,
     UnsupportedError,
+    UsageError,
 )
+from inspector.version import __version__
 
 if TYPE_CHECKING:
-    from inspector.analysis.fqn import check_keys, explain_error
+    from types import ModuleType
+
+    from inspector.analysis.diff import diff
+    from inspector.analysis.error_text import explain_error
+    from inspector.analysis.fqn import KeyReport, check_keys
+    from inspector.analysis.stats import Histogram, TensorStats, histogram, stats
     from inspector.checkpoint import Checkpoint
+    from inspector.exporting.run import ExportResult, export
     from inspector.ui.widgets import Inspector
 
+    fp8: ModuleType
+
 __all__ = [
+    "Checkpoint",
     "CheckpointFileMissingError",
     "CorruptCheckpointError",
     "ExportError",
+    "ExportResult",
+    "Histogram",
     "Inspector",
     "InspectorError",
+    "KeyReport",
     "MissingKeyError",
     "NotACheckpointError",
+    "TensorStats",
     "UnsafeCheckpointError",
     "UnsupportedError",
+    "UsageError",
+    "__version__",
     "check_keys",
     "diff",
     "explain_error",
     "export",
+    "fp8",
+    "histogram",
     "open",
+    "stats",
 ]
-__version__ = "0.1.0"
 
 
 def open(path: str | os.PathLike) -> Checkpoint:
     """Open a checkpoint (DCP folder, .pt/.pth/.bin, .safetensors, HF sharded folder or index)."""
-    from inspector.checkpoint import Checkpoint
-    from inspector.formats.detect import open_source
-    from inspector.gc_pause import paused_gc
+    from inspector.checkpoint import open as open_checkpoint
 
-    with paused_gc():
-        return Checkpoint(open_source(path))
+    return open_checkpoint(path)
 
 
-# Public functions whose modules import torch: loaded on first use.
+# Public names, each loaded from its module on first use.
 _LAZY = {
+    "Checkpoint": "inspector.checkpoint",
     "check_keys": "inspector.analysis.fqn",
+    "KeyReport": "inspector.analysis.fqn",
+    "explain_error": "inspector.analysis.error_text",
     "diff": "inspector.analysis.diff",
-    "explain_error": "inspector.analysis.fqn",
+    "stats": "inspector.analysis.stats",
+    "histogram": "inspector.analysis.stats",
+    "TensorStats": "inspector.analysis.stats",
+    "Histogram": "inspector.analysis.stats",
     "export": "inspector.exporting.run",
+    "ExportResult": "inspector.exporting.run",
     "Inspector": "inspector.ui.widgets",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """Load diff, the FQN doctor, export (they need torch) and the app (ipywidgets) on use."""
-    if name in _LAZY:
-        import importlib
+    """Load the public functions and classes on use (``inspector.fp8`` is the FP8 toolbox,
+    :mod:`inspector.tensors`)."""
+    import importlib
 
+    if name == "fp8":
+        return importlib.import_module("inspector.tensors")
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'inspector' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

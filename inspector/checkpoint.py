@@ -1,4 +1,9 @@
-"""``Checkpoint``: one opened checkpoint, whatever its format, with lazy reads."""
+"""``Checkpoint``: one opened checkpoint, whatever its format, with lazy reads; ``open``.
+
+Opening reads metadata only and never imports torch; a tensor's bytes are read (and torch
+loaded) when it is asked for. Entries are immutable; what is learnt after opening (a scan's
+subclass detections, damage a read runs into) is kept here, by key.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +11,30 @@ import difflib
 import itertools
 import os
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from inspector.analysis import stats
-from inspector.entry import ByteRange, ChunkInfo, Entry, layout_problem
+from inspector import dtypes
+from inspector.entry import ChunkInfo, Entry, layout_problem
 from inspector.errors import CorruptCheckpointError, InspectorError, MissingKeyError
-from inspector.keys import components as keys
+from inspector.formats.base import Source
+from inspector.formats.detect import open_source
+from inspector.gc_pause import paused_gc
+from inspector.keys.components import component_counts, with_components
+from inspector.keys.layouts import detect_layout
 from inspector.keys.tree import KeyNode, build_tree
-from inspector.tensors import subclass as fp8
+from inspector.storage import IOCount, open_location
+from inspector.storage.base import ByteRange
+from inspector.tensors.detection import Detection, detect
+from inspector.tensors.scales import ScalePairs, scaled_pairs
 
 if TYPE_CHECKING:
     import pandas
+    import torch
 
-    from inspector.analysis.fqn import Consistency
+    from inspector.analysis.consistency import Consistency
     from inspector.analysis.stats import Histogram, TensorStats
-    from inspector.formats.base import Source
 
 TABLE_COLUMNS = (
     "key",
@@ -42,32 +52,73 @@ TABLE_COLUMNS = (
 )
 
 
+def open(path: str | os.PathLike) -> Checkpoint:
+    """Open a checkpoint (DCP folder, .pt/.pth/.bin, .safetensors, HF sharded folder or index)."""
+    storage, name = open_location(path)
+    with paused_gc():
+        return Checkpoint(open_source(storage, name))
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What is known about an entry beyond its record, so far: its subclass and FP8 facts
+    (from a scan and from scale pairing) and why it cannot be read (found while opening,
+    scanning or reading)."""
+
+    subclass: str | None
+    fp8: str | None
+    error: str | None
+
+
 class Checkpoint:
     """An opened checkpoint: metadata is in memory, tensor bytes are read when asked for."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
-        entries = source.entries()
-        keys.assign_components(entries)
-        fp8.mark_scaled_pairs(entries)
+        entries = with_components(source.entries())
         self._entries = {e.key: e for e in entries}
-        self._detections: dict[str, fp8.Detection] = {}
-        self._layout = keys.detect_layout(
-            entries, nesting=getattr(source, "nesting", source.format)
-        )
+        self.scale_pairs: ScalePairs = scaled_pairs(entries)
+        self._detections: dict[str, Detection] = {}
+        self._damage: dict[str, str] = {}
+        self._layout = detect_layout(entries, nesting=source.nesting)
 
     # --- what it is ---------------------------------------------------------------------
     @property
+    def location(self) -> str:
+        """Where it is: a path or URL (what was opened)."""
+        return self.source.storage.describe(self.source.name)
+
+    @property
     def path(self) -> Path:
-        return self.source.root
+        """The local path of what was opened."""
+        return Path(self.location)
 
     @property
     def format(self) -> str:
         return self.source.format
 
     @property
+    def producer(self) -> str:
+        """Which program wrote it, where the files or the layout tell; else ``"unknown"``."""
+        if self.source.producer != "unknown":
+            return self.source.producer
+        if self._layout.name in ("flat", "prefixed") and self.format.startswith("dcp"):
+            return "torchtitan"
+        return "unknown"
+
+    @property
     def layout(self) -> str:
         return self._layout.name
+
+    @property
+    def layout_reason(self) -> str:
+        """Why the layout is what it is (the deciding evidence)."""
+        return self._layout.verdict
+
+    @property
+    def ranks(self) -> int | None:
+        """How many processes wrote it, when its files tell."""
+        return self.source.ranks
 
     @property
     def source_files(self) -> tuple[str, ...]:
@@ -77,6 +128,11 @@ class Checkpoint:
     def metadata(self) -> dict[str, str]:
         return self.source.metadata
 
+    @property
+    def io(self) -> IOCount:
+        """Bytes and requests read so far."""
+        return self.source.storage.io.count
+
     def describe_layout(self) -> str:
         """The layout and the evidence it was decided from, as text."""
         notes = "\n".join(f"- {n}" for n in self.source.notes)
@@ -84,7 +140,7 @@ class Checkpoint:
 
     def components(self) -> dict[str, int]:
         """Number of keys per component (model, optimizer, lr_scheduler, ...)."""
-        return keys.component_counts(self._entries.values())
+        return component_counts(self._entries.values())
 
     def tree(self, view: str = "stored") -> KeyNode:
         """The key tree's root in a view: stored, flattened (model keys at top) or prefixed."""
@@ -92,14 +148,14 @@ class Checkpoint:
 
     def consistency(self) -> Consistency:
         """Optimizer names the model part lacks, and weights stored under several spellings."""
-        from inspector.analysis.fqn import consistency
+        from inspector.analysis.consistency import consistency
 
         return consistency(self)
 
     def __repr__(self) -> str:
         size = sum(e.nbytes for e in self._entries.values() if e.kind == "tensor")
         return (
-            f"<Checkpoint {self.format} {self.layout} {str(self.path)!r}: "
+            f"<Checkpoint {self.format} {self.layout} {self.location!r}: "
             f"{len(self._entries)} keys, {size / 1e6:.1f} MB of tensors>"
         )
 
@@ -125,11 +181,20 @@ class Checkpoint:
                 key, list(itertools.islice(self._entries, 200_000)), n=3
             )
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise MissingKeyError(f"no such key{hint}", file=self.path, key=key) from None
+            raise MissingKeyError(f"no such key{hint}", file=self.location, key=key) from None
+
+    def facts(self, key: str) -> Facts:
+        """Subclass and FP8 facts known so far (``scan`` finds subclasses), and the error."""
+        entry = self.entry(key)
+        found = self._detections.get(key)
+        subclass = found.subclass if found else None
+        fp8 = (found.fp8 if found and found.subclass else None) or self.scale_pairs.fp8_label(entry)
+        error = entry.error or self._damage.get(key) or (found.error if found else None)
+        return Facts(subclass, fp8, error)
 
     def scan(self, keys: str | Iterable[str] | None = None, *, progress: bool = True) -> None:
-        """Fill ``subclass`` / ``fp8`` of tensor entries (all, or ``keys``) from their chunks'
-        small pickle records; cached, so later calls and reads do not repeat it."""
+        """Detect subclasses in tensor entries (all, or ``keys``) from their chunks' small
+        pickle records; cached, so later calls and reads do not repeat it."""
         from tqdm.auto import tqdm
 
         wanted = self._entries if keys is None else [keys] if isinstance(keys, str) else keys
@@ -137,75 +202,90 @@ class Checkpoint:
         for key in tqdm(
             todo, desc="scanning chunks", unit="key", disable=not progress or len(todo) < 2
         ):
-            self.inspect_subclass(key)
+            self.detection(key)
 
-    def inspect_subclass(self, key: str) -> fp8.Detection:
-        """What ``key``'s chunks hold (plain, FP8 wrapper, quantized payload, unknown subclass),
-        scanned on first use and recorded in its entry."""
+    def detection(self, key: str) -> Detection:
+        """What ``key``'s chunks hold (plain, FP8 wrapper, quantized payload, unknown
+        subclass), scanned on first use."""
         entry = self.entry(key)
         if key not in self._detections:
-            self._detections[key] = fp8.detect(self.source, entry)
-            fp8.annotate(entry, self._detections[key])
+            self._detections[key] = detect(self.source, entry)
         return self._detections[key]
 
+    def records(self) -> list[dict[str, Any]]:
+        """One JSON-ready dict per entry, the TABLE_COLUMNS as keys (``ckpt-inspect ls --json``)."""
+        return [
+            dict(zip(TABLE_COLUMNS, row, strict=True))
+            for row in self._rows(lambda shape: list(shape), list)
+        ]
+
     def table(self) -> pandas.DataFrame:
-        """One row per entry, the Entry fields as columns (see TABLE_COLUMNS); ``subclass`` is
-        filled for entries scanned so far (``ck.scan()`` scans all)."""
+        """One row per entry (see TABLE_COLUMNS); ``subclass`` is filled for entries scanned
+        so far (``ck.scan()`` scans all)."""
         import pandas
 
-        rows = [
-            (
+        return pandas.DataFrame.from_records(
+            list(self._rows(lambda shape: shape, tuple)), columns=list(TABLE_COLUMNS)
+        )
+
+    def _rows(self, shape_as: Any, files_as: Any) -> Iterator[tuple]:
+        for e in self._entries.values():
+            facts = self.facts(e.key)
+            yield (
                 e.key,
                 e.component,
                 e.kind,
-                e.dtype_name,
-                e.shape,
+                e.dtype,
+                None if e.shape is None else shape_as(e.shape),
                 e.numel,
                 e.nbytes,
                 len(e.chunks),
-                e.files,
-                e.subclass,
-                e.fp8,
-                e.error,
+                files_as(e.files),
+                facts.subclass,
+                facts.fp8,
+                facts.error,
             )
-            for e in self._entries.values()
-        ]
-        return pandas.DataFrame.from_records(rows, columns=list(TABLE_COLUMNS))
 
     # --- reading ------------------------------------------------------------------------
-    def read(self, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def read(self, key: str, dtype: torch.dtype | str | None = None) -> torch.Tensor:
         """The whole tensor as a plain ``torch.Tensor``: chunks assembled, FP8 wrappers unwrapped,
         quantized payloads dequantized (straight to ``dtype`` when given, like torchao's
-        ``dequantize(dtype)``; else to their logical dtype)."""
+        ``dequantize(dtype)``; else to their logical dtype). ``dtype``: a torch.dtype or name."""
+        from inspector.tensors.convert import to_plain
+
+        target = dtypes.optional_name(dtype)
         entry = self._readable(key, "tensor")
-        with _marking(entry):
+        with self._marking(key):
             if len(entry.chunks) == 1 and entry.chunks[0].sizes == entry.shape:
                 value = self.source.read_chunk(entry, 0)
-                tensor = fp8.to_plain(value, dtype, file=self.path, key=key)
+                tensor = to_plain(value, target, file=self.location, key=key)
             else:
-                tensor = self._assemble(entry, dtype)
-        return tensor if dtype is None else tensor.to(dtype)
+                tensor = self._assemble(entry, target)
+        return tensor if target is None else tensor.to(dtypes.to_torch(target))
 
     def read_object(self, key: str) -> Any:
         """A non-tensor value (optimizer hyper-parameters, scheduler state, ...), decoded safely."""
-        entry = self._readable(key, "object")
-        with _marking(entry):
-            return self.source.read_object(entry)
+        self._readable(key, "object")
+        with self._marking(key):
+            return self.source.read_object(self._entries[key])
 
     def iter_chunks(self, key: str) -> Iterator[tuple[ChunkInfo, torch.Tensor]]:
         """Each stored chunk of a tensor as a plain tensor, one at a time (bounded memory)."""
+        from inspector.tensors.convert import to_plain
+
         entry = self._readable(key, "tensor")
         for index, chunk in enumerate(entry.chunks):
-            with _marking(entry):
-                value = fp8.to_plain(self.source.read_chunk(entry, index), file=self.path, key=key)
-            yield chunk, value
+            with self._marking(key):
+                value = self.source.read_chunk(entry, index)
+                plain = to_plain(value, file=self.location, key=key)
+            yield chunk, plain
 
     def byte_ranges(self, key: str) -> list[ByteRange] | None:
-        """The file byte ranges that, concatenated, are the tensor's row-major bytes; None
-        when its chunks are not plain bytes tiling it along dim 0 (or it is a subclass)."""
+        """The byte ranges that, concatenated, are the tensor's row-major bytes; None when
+        its chunks are not plain bytes tiling it along dim 0 (or it is a subclass)."""
         entry = self._readable(key, "tensor")
         chunks = sorted(enumerate(entry.chunks), key=lambda pair: pair[1].offsets)
-        shape, row = entry.shape, 0
+        shape, row = entry.shape or (), 0
         ranges = []
         for index, chunk in chunks:
             if not chunk.numel:
@@ -213,9 +293,9 @@ class Checkpoint:
             if shape and (chunk.offsets[0] != row or chunk.sizes[1:] != shape[1:]):
                 return None
             where = self.source.chunk_bytes(entry, index)
-            if where is None:
+            if where is None or where.length != chunk.numel * dtypes.itemsize(entry.dtype or ""):
                 return None
-            ranges.append(ByteRange(where[0], where[1], chunk.numel * entry.dtype.itemsize))
+            ranges.append(where)
             row += chunk.sizes[0] if shape else 1
         complete = row == shape[0] if shape else len(ranges) == 1
         return ranges if complete or not entry.numel else None
@@ -224,62 +304,76 @@ class Checkpoint:
         entry = self.entry(key)
         if entry.kind != kind:
             what = "read_object" if entry.kind == "object" else "read"
-            raise InspectorError(f"is a {entry.kind}; use ck.{what}()", file=self.path, key=key)
-        if entry.error:
-            raise CorruptCheckpointError(entry.error, file=self.path, key=key)
+            raise InspectorError(f"is a {entry.kind}; use ck.{what}()", file=self.location, key=key)
+        error = entry.error or self._damage.get(key)
+        if error:
+            raise CorruptCheckpointError(error, file=self.location, key=key)
         return entry
+
+    def _marking(self, key: str) -> _Marking:
+        return _Marking(self._damage, key)
 
     # --- numbers ------------------------------------------------------------------------
     def stats(self, key: str) -> TensorStats:
         """min / max / mean / std / absmax / L2 / zeros / NaN / Inf, computed chunk by chunk."""
-        return stats.tensor_stats(self, key)
+        from inspector.analysis.stats import stats
+
+        return stats(self, key)
 
     def stats_table(
         self, include: Iterable[str] | None = None, *, progress: bool = True
     ) -> pandas.DataFrame:
         """Statistics for every tensor key matching the ``include`` globs, one row each."""
-        return stats.stats_table(self, include, progress=progress)
+        from inspector.analysis.stats import stats_table
+
+        return stats_table(self, include, progress=progress)
 
     def histogram(
         self, key: str, bins: int = 64, range: tuple[float, float] | None = None
     ) -> Histogram:
         """Bin counts of a tensor's finite values (see :mod:`inspector.analysis.stats`)."""
-        return stats.histogram(self, key, bins, range)
+        from inspector.analysis.stats import histogram
 
-    def _assemble(self, entry: Entry, dtype: torch.dtype | None) -> torch.Tensor:
-        _check_coverage(entry, self.path)
-        out = torch.empty(entry.shape, dtype=dtype or entry.dtype)
+        return histogram(self, key, bins, range)
+
+    def _assemble(self, entry: Entry, dtype: str | None) -> torch.Tensor:
+        import torch
+
+        from inspector.tensors.convert import to_plain
+
+        _check_coverage(entry, self.location)
+        out = torch.empty(entry.shape or (), dtype=dtypes.to_torch(dtype or entry.dtype or ""))
         for index, chunk in enumerate(entry.chunks):
             dest = out[
                 tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True))
             ]
             value = self.source.read_chunk(entry, index, dest if dest.is_contiguous() else None)
             if value is not dest:
-                dest.copy_(fp8.to_plain(value, dtype, file=self.path, key=entry.key))
+                dest.copy_(to_plain(value, dtype, file=self.location, key=entry.key))
         return out
 
 
-@contextmanager
-def _marking(entry: Entry) -> Iterator[None]:
-    """A read that finds damage records it in the entry, so the table shows it from then on."""
-    try:
-        yield
-    except InspectorError as exc:
-        entry.error = entry.error or exc.located
-        raise
+class _Marking:
+    """A read that finds damage records it, so the table shows it from then on."""
+
+    def __init__(self, damage: dict[str, str], key: str) -> None:
+        self.damage, self.key = damage, key
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, InspectorError):
+            self.damage.setdefault(self.key, exc.located)
 
 
-def _check_coverage(entry: Entry, path: Path) -> None:
+def _check_coverage(entry: Entry, location: str) -> None:
     """Chunks must tile the tensor exactly: inside it, no overlap, nothing left out."""
-    problem = layout_problem(entry.shape, entry.chunks)
+    problem = layout_problem(entry.shape or (), entry.chunks)
     if problem is not None:
-        raise CorruptCheckpointError(problem, file=path, key=entry.key)
+        raise CorruptCheckpointError(problem, file=location, key=entry.key)
 
 
 def as_checkpoint(value: Checkpoint | str | os.PathLike) -> Checkpoint:
-    """``value`` itself when already opened, else ``inspector.open(value)``."""
-    if isinstance(value, Checkpoint):
-        return value
-    import inspector
-
-    return inspector.open(value)
+    """``value`` itself when already opened, else ``open(value)``."""
+    return value if isinstance(value, Checkpoint) else open(value)

@@ -1,21 +1,28 @@
-"""The format-independent description of a checkpoint: entries and their chunks (no I/O)."""
+"""The format-independent records of a checkpoint: entries and their chunks (no I/O).
+
+Records are immutable once a format builds them; what is learnt later (a scan's subclass
+detections, damage a read finds) lives in the Checkpoint, not in them. Dtypes are names
+(:mod:`inspector.dtypes`), so records never need torch.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-import torch
+from inspector import dtypes
 
 Kind = Literal["tensor", "object"]
 COMPONENTS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
 
 
-@dataclass(slots=True)  # not frozen: opening builds one per chunk, hundreds of thousands
-class ChunkInfo:
-    """One stored piece of a tensor: where it sits in the whole tensor and in which file."""
+class ChunkInfo(NamedTuple):
+    """One stored piece of a tensor: where it sits in the whole tensor and in which file.
+
+    A named tuple: immutable, and cheap to build by the hundred thousand when a large
+    ``.metadata`` is opened.
+    """
 
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
@@ -30,32 +37,22 @@ class ChunkInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class ByteRange:
-    """``length`` bytes at ``offset`` of the file at ``path``."""
-
-    path: Path
-    offset: int
-    length: int
-
-
-@dataclass(slots=True)
 class Entry:
     """One stored value: a tensor (possibly in chunks) or a non-tensor object.
 
-    ``nested_path`` is the key's path before it was joined with dots, e.g.
-    ``("model", "layers.0.wq.weight")``; ``component`` is what it belongs to
-    (model / optimizer / lr_scheduler / dataloader / train_state / other).
+    ``dtype`` is a dtype name (``"float32"``); ``nested_path`` is the key's path before it
+    was joined with dots, e.g. ``("model", "layers.0.wq.weight")``; ``component`` is what it
+    belongs to (model / optimizer / lr_scheduler / dataloader / train_state / other);
+    ``error`` is why it cannot be read, when the format saw that while opening.
     """
 
     key: str
     kind: Kind
-    dtype: torch.dtype | None = None
+    dtype: str | None = None
     shape: tuple[int, ...] | None = None
     chunks: tuple[ChunkInfo, ...] = ()
     nested_path: tuple[Any, ...] = ()
     component: str = "other"
-    subclass: str | None = None
-    fp8: str | None = None
     error: str | None = None
 
     @property
@@ -66,32 +63,11 @@ class Entry:
     def nbytes(self) -> int:
         if self.kind != "tensor":
             return sum(c.byte_length for c in self.chunks)
-        return self.numel * self.dtype.itemsize if self.dtype is not None else 0
+        return self.numel * dtypes.itemsize(self.dtype) if self.dtype is not None else 0
 
     @property
     def files(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(c.file for c in self.chunks))
-
-    @property
-    def dtype_name(self) -> str | None:
-        return None if self.dtype is None else str(self.dtype).removeprefix("torch.")
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready summary (the ``ckpt-inspect ls --json`` entry shape)."""
-        return {
-            "key": self.key,
-            "component": self.component,
-            "kind": self.kind,
-            "dtype": self.dtype_name,
-            "shape": list(self.shape) if self.shape is not None else None,
-            "numel": self.numel,
-            "nbytes": self.nbytes,
-            "chunks": len(self.chunks),
-            "files": list(self.files),
-            "subclass": self.subclass,
-            "fp8": self.fp8,
-            "error": self.error,
-        }
 
 
 def layout_problem(shape: tuple[int, ...], chunks: tuple[ChunkInfo, ...]) -> str | None:

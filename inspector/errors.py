@@ -54,5 +54,9 @@ class MissingKeyError(InspectorError, KeyError):
         return Exception.__str__(self)
 
 
+class UsageError(InspectorError, ValueError):
+    """A call's arguments are wrong: an unknown mode, format, dtype name or size."""
+
+
 class ExportError(InspectorError):
     """An export cannot be done as asked (output exists, unsupported dtype, ...)."""

@@ -110,7 +110,11 @@ def _key_function(a: Checkpoint, b: Checkpoint, key_map: KeyMap) -> Callable[[st
     raise ValueError(f"key_map must be 'auto', None, a mapping or a callable, not {key_map!r}")
 
 
-def _selected(pair: tuple[str | None, str | None], include, exclude) -> bool:
+def _selected(
+    pair: tuple[str | None, str | None],
+    include: Iterable[str] | None,
+    exclude: Iterable[str] | None,
+) -> bool:
     names = [k for k in pair if k is not None]
     if include is not None and not any(fnmatchcase(k, p) for k in names for p in include):
         return False
@@ -129,15 +133,15 @@ def compare_pair(
 ) -> Row:
     """Compare ``a[key_a]`` with ``b[key_b]`` (either may be None: present on one side only)."""
     if key_a is None or key_b is None:
-        entry = b.entry(key_b) if key_a is None else a.entry(key_a)
+        entry = b.entry(key_b or "") if key_a is None else a.entry(key_a)
         status = "only_b" if key_a is None else "only_a"
         row = Row(entry.key, key_b, status, False, entry.kind)
         side = "b" if key_a is None else "a"
-        setattr(row, f"dtype_{side}", entry.dtype_name)
+        setattr(row, f"dtype_{side}", entry.dtype)
         setattr(row, f"shape_{side}", entry.shape)
         return row
     ea, eb = a.entry(key_a), b.entry(key_b)
-    row = Row(key_a, key_b, "same", True, ea.kind, ea.dtype_name, eb.dtype_name, ea.shape, eb.shape)
+    row = Row(key_a, key_b, "same", True, ea.kind, ea.dtype, eb.dtype, ea.shape, eb.shape)
     if ea.kind != eb.kind or ea.shape != eb.shape:
         row.status, row.equal = "shape", False
         return row
@@ -162,7 +166,7 @@ def compare_pair(
 def _compare_objects(row: Row, a: Checkpoint, b: Checkpoint, values: bool) -> Row:
     if not values:
         return row
-    va, vb = a.read_object(row.key), b.read_object(row.key_b)
+    va, vb = a.read_object(row.key), b.read_object(row.key_b or row.key)
     row.hash_a, row.hash_b = object_hash(va), object_hash(vb)
     if row.hash_a != row.hash_b:
         row.status, row.equal = "values", False

@@ -2,7 +2,8 @@
 
 The checkpoint's model entries are compared in one spelling (see ``SPELLINGS``) with the
 keys a model, state dict, key list or other checkpoint has; mismatches are explained by
-ranked rewrites (``inspector.keys.rewrites``).
+ranked rewrites (:mod:`inspector.keys.rewrites`). Comparing with key lists or checkpoints
+needs no torch.
 """
 
 from __future__ import annotations
@@ -10,47 +11,26 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from inspector.checkpoint import Checkpoint, as_checkpoint
-from inspector.entry import Entry
 from inspector.errors import InspectorError
-from inspector.keys.components import (
-    VIEWS,
-    canonical_fqn,
-    model_fqn,
-    optimizer_ref,
-    resolve_optimizer_fqn,
-    view_key,
-)
 from inspector.keys.rewrites import Spec, Suggestion, suggest
+from inspector.keys.spellings import VIEWS, view_key
 
 if TYPE_CHECKING:
     import pandas
-
-__all__ = [
-    "Consistency",
-    "Finding",
-    "KeyMismatch",
-    "KeyReport",
-    "Suggestion",
-    "check_keys",
-    "consistency",
-    "explain_error",
-]
 
 SPELLINGS = {
     "stored": "as stored (the keys dcp.load matches)",
     "flattened": "without their component prefix (what load_state_dict(sd['model']) sees)",
     "prefixed": "under 'model.' (torchtitan's legacy spelling)",
 }
-_DCP_FORMATS = ("dcp", "dcp-safetensors")
 _EXAMPLES = 3
 _ALL_MATCH = {
     False: "Every key, shape and dtype matches.",
@@ -135,6 +115,9 @@ class KeyReport:
                 found.append(KeyMismatch(ours, theirs, a, b))
         return found
 
+    def __str__(self) -> str:
+        return self.explain()
+
     def __repr__(self) -> str:
         best = f"; best rewrite: {self.best.description}" if self.best else ""
         return (
@@ -211,7 +194,7 @@ class KeyReport:
         after = self.after()
         covered_after = set(after.pairs.values())
         rename = self.best.apply if self.best else str
-        rows = []
+        rows: list[tuple[Any, ...]] = []
         for key, (shape, dtype) in self.ours.items():
             target = self.pairs.get(key)
             their_shape, their_dtype = self.theirs[target] if target is not None else (None, None)
@@ -337,11 +320,12 @@ def check_keys(
     ck = as_checkpoint(ck)
     spelling = spelling or default_spelling(ck)
     theirs, description = _target(against)
-    return KeyReport(str(ck.path), description, spelling, model_specs(ck, spelling), theirs)
+    return KeyReport(ck.location, description, spelling, model_specs(ck, spelling), theirs)
 
 
 def default_spelling(ck: Checkpoint) -> str:
-    return "stored" if ck.format in _DCP_FORMATS else "flattened"
+    """The spelling the checkpoint's own loader matches (stored keys for DCP's)."""
+    return ck.source.key_matching
 
 
 def model_specs(ck: Checkpoint, spelling: str) -> dict[str, Spec]:
@@ -349,7 +333,7 @@ def model_specs(ck: Checkpoint, spelling: str) -> dict[str, Spec]:
     if spelling not in VIEWS:
         raise ValueError(f"spelling must be one of {VIEWS}, not {spelling!r}")
     return {
-        view_key(e, spelling): (e.shape if e.kind == "tensor" else None, e.dtype_name)
+        view_key(e, spelling): (e.shape if e.kind == "tensor" else None, e.dtype)
         for e in ck.entries()
         if e.component == "model"
     }
@@ -360,7 +344,7 @@ def _target(against: Any) -> tuple[dict[str, Spec], str]:
         other = as_checkpoint(against)
         spelling = default_spelling(other)
         return model_specs(other, spelling), f"the model entries of {other.path} ({spelling})"
-    if isinstance(against, torch.nn.Module):
+    if _is_module(against):
         specs = _flatten(against.state_dict())
         return specs, f"nn.Module {type(against).__name__} (state_dict keys)"
     if isinstance(against, Mapping):
@@ -386,8 +370,14 @@ def _flatten(state: Mapping, prefix: str = "") -> dict[str, Spec]:
     return out
 
 
+def _is_module(value: Any) -> bool:
+    """An ``nn.Module`` (if torch was never imported, nothing can be one)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.nn.Module)
+
+
 def _spec(value: Any) -> Spec:
-    if isinstance(value, torch.Tensor):
+    if hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "stride"):
         return tuple(value.shape), str(value.dtype).removeprefix("torch.")
     if isinstance(value, (tuple, list)) and all(isinstance(n, int) for n in value):
         return tuple(value), None
@@ -403,6 +393,8 @@ def model_from_factory(spec: str, device: str = "meta") -> Any:
             factory = getattr(factory, part)
     except (ImportError, AttributeError) as exc:
         raise InspectorError(f"cannot import {spec!r} ({exc})") from exc
+    import torch
+
     with torch.device(device):
         return factory()
 
@@ -421,211 +413,6 @@ def resolve_against(text: str, device: str = "meta") -> Any:
     if is_factory_spec(text) and not Path(text).exists():
         return model_from_factory(text, device)
     return Path(text).expanduser()
-
-
-# --- explain_error ------------------------------------------------------------------------
-_TORCH_HEADER = re.compile(r"Error\(s\) in loading state_dict for (\w+)")
-_TORCH_LIST = re.compile(r"(Missing|Unexpected) key\(s\) in state_dict: ([^\n]*)")
-_SIZE = r"torch\.Size\(\[([\d, ]*)\]\)"
-_TORCH_SIZE = re.compile(
-    rf"size mismatch for (\S+): copying a param with shape {_SIZE} from checkpoint, "
-    rf"the shape in current model is {_SIZE}"
-)
-# (?<!") skips the raise statements a pasted traceback quotes from torch's source.
-_KEY = r"([^\s\"'{}]+)"
-_DCP_MISSING = re.compile(rf'(?<!")Missing key(?: in checkpoint state_dict)?: {_KEY}')
-_DCP_SIZE = re.compile(rf"Size mismatch between saved {_SIZE} and current: {_SIZE} for {_KEY}")
-
-
-def explain_error(
-    ck: Checkpoint | str | os.PathLike, text: str, *, spelling: str | None = None
-) -> KeyReport:
-    """Diagnose a pasted ``load_state_dict`` RuntimeError or DCP missing-key/size error.
-
-    The report compares the checkpoint with the keys the error says the model wanted.
-    """
-    ck = as_checkpoint(ck)
-    if _TORCH_HEADER.search(text) or _TORCH_LIST.search(text) or _TORCH_SIZE.search(text):
-        return _from_torch_error(ck, text, spelling)
-    missing = [m.rstrip(".") for m in _DCP_MISSING.findall(text)]
-    sizes = {key: _shape(cur) for _, cur, key in _DCP_SIZE.findall(text)}
-    if not missing and not sizes:
-        raise InspectorError(
-            "no load_state_dict or DCP key error found in the text", file=str(ck.path)
-        )
-    theirs = dict.fromkeys(missing, (None, None)) | {k: (s, None) for k, s in sizes.items()}
-    return KeyReport(
-        str(ck.path),
-        f"the model of a DCP load error ({len(missing)} missing, {len(sizes)} size mismatch; "
-        "DCP stops at the first problem, so the model is known only in part)",
-        spelling or "stored",
-        model_specs(ck, spelling or "stored"),
-        theirs,
-        partial=True,
-    )
-
-
-def _from_torch_error(ck: Checkpoint, text: str, spelling: str | None) -> KeyReport:
-    listed: dict[str, list[str]] = {"Missing": [], "Unexpected": []}
-    for kind, keys in _TORCH_LIST.findall(text):
-        listed[kind] += re.findall(r'"([^"]*)"', keys)
-    sizes = {key: _shape(model) for key, _, model in _TORCH_SIZE.findall(text)}
-    missing, unexpected = listed["Missing"], set(listed["Unexpected"])
-    spelling = spelling or _spelling_for(ck, missing, unexpected | sizes.keys())
-    ours = model_specs(ck, spelling)
-    theirs: dict[str, Spec] = {
-        k: (sizes.get(k, shape), None) for k, (shape, _) in ours.items() if k not in unexpected
-    }
-    theirs.update(dict.fromkeys((k for k in missing if k not in theirs), (None, None)))
-    header = _TORCH_HEADER.search(text)
-    module = header.group(1) if header else "a module"
-    return KeyReport(
-        str(ck.path),
-        f"{module} as its load_state_dict error describes it ({len(missing)} missing, "
-        f"{len(unexpected)} unexpected, {len(sizes)} size mismatch)",
-        spelling,
-        ours,
-        theirs,
-    )
-
-
-def _spelling_for(ck: Checkpoint, missing: list[str], present: set[str]) -> str:
-    """The spelling that best agrees with the error: keys it saw present, missing ones absent."""
-    default = default_spelling(ck)
-
-    def agreement(spelling: str) -> int:
-        keys = model_specs(ck, spelling)
-        return len(present & keys.keys()) + sum(k not in keys for k in missing)
-
-    return max((default, *(v for v in VIEWS if v != default)), key=agreement)
-
-
-def _shape(text: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in text.split(",") if n.strip())
-
-
-# --- consistency within one checkpoint ----------------------------------------------------
-@dataclass(frozen=True)
-class Finding:
-    """One inconsistency inside a checkpoint and the stored keys involved.
-
-    ``kind``: ``optimizer-fqn`` (optimizer state or param_groups name parameters the model
-    part lacks) or ``duplicate-spelling`` (one weight stored under several keys).
-    """
-
-    kind: str
-    message: str
-    keys: tuple[str, ...]
-    fix: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "message": self.message,
-            "keys": list(self.keys),
-            "fix": self.fix,
-        }
-
-
-@dataclass(frozen=True)
-class Consistency:
-    """What ``ck.consistency()`` found; empty ``findings`` means consistent."""
-
-    checkpoint: str
-    findings: tuple[Finding, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.findings
-
-    def text(self) -> str:
-        if self.ok:
-            return f"{self.checkpoint}: consistent (optimizer names and model spellings agree)"
-        lines = [f"{self.checkpoint}: {len(self.findings)} finding(s)"]
-        for f in self.findings:
-            lines.append(f"- {f.message}")
-            if f.fix:
-                lines.append(f"  fix: {f.fix}")
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "checkpoint": self.checkpoint,
-            "ok": self.ok,
-            "findings": [f.as_dict() for f in self.findings],
-        }
-
-
-def consistency(ck: Checkpoint) -> Consistency:
-    """Check that optimizer entries name the model's parameters and no weight is stored twice."""
-    entries = ck.entries()
-    model = [e for e in entries if e.component == "model"]
-    findings = [*_optimizer_findings(entries, model), *_duplicate_findings(model)]
-    return Consistency(str(ck.path), tuple(findings))
-
-
-def _optimizer_findings(entries: list[Entry], model: list[Entry]) -> list[Finding]:
-    fqns = {model_fqn(e) for e in model}
-    if not fqns:
-        return []
-    named: dict[str, Spec] = {}
-    unknown: dict[str, dict[str, list[str]]] = {}
-    for entry in entries:
-        ref = optimizer_ref(entry)
-        if ref is None:
-            continue
-        fqn = resolve_optimizer_fqn(ref, fqns)
-        if fqn is None:
-            fqn = ref.guessed_fqn
-            unknown.setdefault(ref.section, {}).setdefault(fqn, []).append(entry.key)
-        named[fqn] = (None, None)
-    if not unknown:
-        return []
-    found = suggest(named, dict.fromkeys(fqns, (None, None)), count_missing=False)
-    fix = None
-    if found:
-        best = found[0]
-        why = f" ({best.why})" if best.why else ""
-        fix = (
-            f"{best.description}{why} makes {best.resolves} of "
-            f"{best.resolves + best.remaining} unknown names match the model part"
-        )
-    findings = []
-    for section, by_fqn in unknown.items():
-        fqn, keys = next(iter(by_fqn.items()))
-        findings.append(
-            Finding(
-                "optimizer-fqn",
-                f"optimizer {section} refers to {len(by_fqn)} parameter names the model part "
-                f"does not have, e.g. {fqn!r} (in {keys[0]!r}); typical after a layout change",
-                tuple(k for group in by_fqn.values() for k in group),
-                fix,
-            )
-        )
-    return findings
-
-
-def _duplicate_findings(model: list[Entry]) -> list[Finding]:
-    groups: dict[str, list[Entry]] = {}
-    for entry in model:
-        groups.setdefault(canonical_fqn(model_fqn(entry)), []).append(entry)
-    duplicates = [g for g in groups.values() if len(g) > 1]
-    if not duplicates:
-        return []
-    differing = sum(len({(e.shape, e.dtype) for e in g}) > 1 for g in duplicates)
-    agreement = (
-        f"{differing} of them differ in shape or dtype" if differing else "shapes and dtypes agree"
-    )
-    example = " and ".join(repr(e.key) for e in duplicates[0])
-    return [
-        Finding(
-            "duplicate-spelling",
-            f"{len(duplicates)} weights are stored under more than one spelling, e.g. {example}; "
-            f"{agreement}",
-            tuple(e.key for g in duplicates for e in g),
-            "keep one spelling per weight: a loader picks one of them and ignores the other",
-        )
-    ]
 
 
 # --- helpers ------------------------------------------------------------------------------

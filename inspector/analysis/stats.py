@@ -9,6 +9,7 @@ and Inf are counted separately; std uses Bessel's correction, like ``torch.std``
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -16,16 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from inspector import dtypes
+from inspector.checkpoint import Checkpoint, as_checkpoint
 from inspector.errors import UnsupportedError
 
 if TYPE_CHECKING:
     import pandas
     from matplotlib.figure import Figure
 
-    from inspector.checkpoint import Checkpoint
-
 BLOCK = 1 << 22
-_PACKED = {getattr(torch, n) for n in ("float4_e2m1fn_x2",) if hasattr(torch, n)}
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block|layer)\.(\d+)\.")
 
 
@@ -94,18 +94,19 @@ def blocks(tensor: torch.Tensor, size: int = BLOCK) -> Iterator[torch.Tensor]:
         yield flat[start : start + size]
 
 
-def supported(dtype: torch.dtype | None) -> bool:
-    """Real-valued dtypes torch can convert to float64 (not complex, not packed float4)."""
-    return dtype is not None and not dtype.is_complex and dtype not in _PACKED
+def supported(dtype: str | None) -> bool:
+    """Real-valued dtypes torch can convert to float64 (not complex, packed or quantized)."""
+    return dtype is not None and dtypes.is_real(dtype)
 
 
-def tensor_stats(ck: Checkpoint, key: str) -> TensorStats:
+def stats(ck: Checkpoint | str | os.PathLike, key: str) -> TensorStats:
     """Statistics of one tensor, reading it chunk by chunk."""
+    ck = as_checkpoint(ck)
     entry = ck.entry(key)
     if entry.kind == "tensor" and not supported(entry.dtype):
         raise UnsupportedError(
-            f"no statistics for {entry.dtype_name} tensors (complex or packed values)",
-            file=ck.path,
+            f"no statistics for {entry.dtype} tensors (complex, packed or quantized values)",
+            file=ck.location,
             key=key,
         )
     acc = _Moments()
@@ -116,7 +117,7 @@ def tensor_stats(ck: Checkpoint, key: str) -> TensorStats:
     has = acc.n > 0
     return TensorStats(
         key=key,
-        dtype=entry.dtype_name or "",
+        dtype=entry.dtype or "",
         shape=tuple(entry.shape or ()),
         numel=entry.numel,
         min=acc.min if has else nan,
@@ -139,7 +140,7 @@ def _matching(ck: Checkpoint, include: Iterable[str] | None) -> list[str]:
         e.key
         for e in ck.entries()
         if e.kind == "tensor"
-        and not e.error
+        and not ck.facts(e.key).error
         and supported(e.dtype)
         and (patterns is None or any(fnmatchcase(e.key, p) for p in patterns))
     ]
@@ -153,7 +154,7 @@ def stats_table(
     from tqdm.auto import tqdm
 
     keys = _matching(ck, include)
-    rows = [tensor_stats(ck, k).as_dict() for k in tqdm(keys, desc="stats", disable=not progress)]
+    rows = [stats(ck, k).as_dict() for k in tqdm(keys, desc="stats", disable=not progress)]
     columns = list(TensorStats.__dataclass_fields__)
     return pandas.DataFrame.from_records(rows, columns=columns)
 
@@ -168,15 +169,35 @@ class Histogram:
     nan: int
     inf: int
 
+    def plot(self, *, log: bool = False, ax: Any = None) -> Figure:
+        """A matplotlib figure of the bars (log-scaled counts on request)."""
+        fig, ax = _axes(ax)
+        widths = (self.edges[1:] - self.edges[:-1]).numpy()
+        ax.bar(self.edges[:-1].numpy(), self.counts.numpy(), width=widths, align="edge")
+        extra = f"  (NaN {self.nan}, Inf {self.inf})" if self.nan or self.inf else ""
+        ax.set_title(f"{self.key}{extra}")
+        ax.set_xlabel("value")
+        ax.set_ylabel("count")
+        if log:
+            ax.set_yscale("log")
+        return fig
+
 
 def histogram(
-    ck: Checkpoint, key: str, bins: int = 64, range: tuple[float, float] | None = None
+    ck: Checkpoint | str | os.PathLike,
+    key: str,
+    bins: int = 64,
+    range: tuple[float, float] | None = None,
 ) -> Histogram:
-    """Histogram of a tensor's finite values, two streaming passes (range, then counts)."""
+    """Histogram of a tensor's finite values, two streaming passes (range, then counts;
+    give ``range``, e.g. a TensorStats' min and max, to spare the first)."""
+    ck = as_checkpoint(ck)
     if bins < 1:
-        raise ValueError("bins must be >= 1")
-    summary = tensor_stats(ck, key) if range is None else None
-    low, high = range if range is not None else (summary.min, summary.max)
+        raise UnsupportedError("bins must be >= 1", key=key)
+    if range is None:
+        summary = stats(ck, key)
+        range = (summary.min, summary.max)
+    low, high = range
     if not (math.isfinite(low) and math.isfinite(high)):
         low, high = 0.0, 0.0
     if high <= low:
@@ -193,31 +214,6 @@ def histogram(
             counts += torch.bincount(index, minlength=bins)
     edges = torch.linspace(low, high, bins + 1, dtype=torch.float64)
     return Histogram(key, counts, edges, nan, inf)
-
-
-def plot_histogram(
-    ck: Checkpoint,
-    key: str,
-    bins: int = 64,
-    *,
-    range: tuple[float, float] | None = None,
-    log: bool = False,
-    ax: Any = None,
-) -> Figure:
-    """A matplotlib figure of :func:`histogram` (log-scaled counts on request).
-
-    Pass ``range`` (e.g. a TensorStats' min and max) to spare the pass that finds it.
-    """
-    hist = histogram(ck, key, bins, range)
-    fig, ax = _axes(ax)
-    widths = (hist.edges[1:] - hist.edges[:-1]).numpy()
-    ax.bar(hist.edges[:-1].numpy(), hist.counts.numpy(), width=widths, align="edge")
-    ax.set_title(f"{key}" + (f"  (NaN {hist.nan}, Inf {hist.inf})" if hist.nan or hist.inf else ""))
-    ax.set_xlabel("value")
-    ax.set_ylabel("count")
-    if log:
-        ax.set_yscale("log")
-    return fig
 
 
 def layer_index(key: str) -> int | None:
@@ -239,7 +235,7 @@ def layer_norms(
         if index is None:
             continue
         name = _LAYER.sub(lambda m: m.group(0).replace(m.group(1), "*"), key, count=1)
-        rows.append({"layer": index, "name": name, "key": key, "l2": tensor_stats(ck, key).l2})
+        rows.append({"layer": index, "name": name, "key": key, "l2": stats(ck, key).l2})
     return pandas.DataFrame(rows, columns=["layer", "name", "key", "l2"])
 
 

@@ -11,6 +11,7 @@ import os
 import pickle
 import warnings
 from pathlib import Path
+from typing import Any
 
 DEMO_CHECKPOINTS = ("flat", "prefixed", "seed", "fp8")
 TRAIN_STEPS = 2
@@ -48,7 +49,7 @@ def _train_and_save(rank: int, world_size: int, out: str) -> None:
     _save(Path(out) / "fp8", model, optim, sched, rank, prefixed=False)
 
 
-def _trained(rank: int, world_size: int, *, fp8: bool):
+def _trained(rank: int, world_size: int, *, fp8: bool) -> tuple[Any, Any, Any]:
     """FSDP2-sharded TinyLlama after TRAIN_STEPS AdamW steps; fp8 wraps Linear weights (torchao)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
@@ -88,7 +89,7 @@ def _trained(rank: int, world_size: int, *, fp8: bool):
     return model, optim, sched
 
 
-def _save(path: Path, model, optim, sched, rank: int, *, prefixed: bool) -> None:
+def _save(path: Path, model: Any, optim: Any, sched: Any, rank: int, *, prefixed: bool) -> None:
     """Save the way torchtitan's CheckpointManager does (before or after its PR #1347)."""
     import torch
     import torch.distributed.checkpoint as dcp

@@ -12,31 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
+from inspector import dtypes
 from inspector.errors import InspectorError
-from inspector.exporting.run import FORMATS, ExportResult, Progress, export
-from inspector.exporting.writers import parse_size
-from inspector.keys.components import view_key
-from inspector.tensors.subclass import FP8_MODES
+from inspector.exporting.fp8 import FP8_MODES
+from inspector.exporting.plan import DEFAULT_SHARD_SIZE, EXPORT_FORMATS, check_choice, parse_size
+from inspector.exporting.run import ExportResult, Progress, export
+from inspector.keys.spellings import view_key
 
 if TYPE_CHECKING:
     from inspector.analysis.fqn import KeyReport
     from inspector.checkpoint import Checkpoint
 
-DTYPES = ("bfloat16", "float16", "float32")
 PT_SUFFIXES = (".pt", ".pth", ".bin")
 PT_FILE = "model.pt"
-
-
-def parse_dtype(name: str | None) -> torch.dtype | None:
-    """``"bfloat16"`` -> ``torch.bfloat16``; None or "" keeps dtypes as stored."""
-    if not name:
-        return None
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise InspectorError(f"unknown dtype {name!r}")
-    return dtype
 
 
 def default_out(ck: Checkpoint, folder: str | os.PathLike = "exports") -> Path:
@@ -58,7 +46,7 @@ class ExportOptions:
     fp8: str = "dequantize"
     model_only: bool = True
     flatten: bool = True
-    max_shard_size: str = "5GB"
+    max_shard_size: str = DEFAULT_SHARD_SIZE
     overwrite: bool = False
     verify: bool = True
     rename: dict[str, str] | None = None
@@ -75,17 +63,15 @@ class ExportOptions:
         """Keyword arguments of :func:`inspector.export` (besides the checkpoint and target)."""
         if not str(self.out).strip():
             raise InspectorError("no output folder given")
-        if self.format not in FORMATS:
-            raise InspectorError(f"format must be one of {FORMATS}, not {self.format!r}")
-        if self.fp8 not in FP8_MODES:
-            raise InspectorError(f"FP8 handling must be one of {FP8_MODES}, not {self.fp8!r}")
+        check_choice("format", self.format, EXPORT_FORMATS)
+        check_choice("FP8 handling", self.fp8, FP8_MODES)
         try:
             parse_size(self.max_shard_size)
-        except ValueError as exc:
-            raise InspectorError(f"max shard size: {exc}") from None
+        except InspectorError as exc:
+            raise InspectorError(f"max shard size: {exc.reason}") from None
         return {
             "format": self.format,
-            "dtype": parse_dtype(self.dtype),
+            "dtype": dtypes.optional_name(self.dtype or None),
             "fp8": self.fp8,
             "model_only": self.model_only,
             "flatten": self.flatten,
@@ -130,6 +116,6 @@ def rewrite_rename(ck: Checkpoint, report: KeyReport) -> dict[str, str]:
             renamed[entry.key] = mapping[spelled]
     if not renamed:
         raise InspectorError(
-            f"the FQN check was about {report.checkpoint}, not this checkpoint", file=ck.path
+            f"the FQN check was about {report.checkpoint}, not this checkpoint", file=ck.location
         )
     return renamed

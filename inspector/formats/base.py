@@ -1,33 +1,45 @@
-"""What every on-disk format provides, and the path checks they all share."""
+"""What every on-disk format provides once opened, and the file checks they share.
+
+Call order: a format is constructed from a storage and a name (metadata only is read),
+then ``entries()``; later, per entry, ``chunk_globals`` / ``describe_chunk`` (a scan:
+small pickle records only), ``read_chunk`` / ``read_object`` (the bytes) and
+``chunk_bytes`` (where plain bytes lie, for copies).
+"""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from inspector.entry import Entry
-from inspector.errors import (
-    CheckpointFileMissingError,
-    CorruptCheckpointError,
-    UnsafeCheckpointError,
-)
+from inspector.errors import InspectorError
 from inspector.formats.safe_pickle import SubclassRef, TensorRef
+from inspector.storage.base import ByteRange, Storage
 
-ChunkValue = torch.Tensor | SubclassRef
+if TYPE_CHECKING:
+    import torch
+
+ChunkValue = Union["torch.Tensor", SubclassRef]
 
 
 class Source(Protocol):
-    """One on-disk format, opened: its entries (metadata only) and lazy reads of their data."""
+    """One on-disk format, opened: its entries (metadata only) and lazy reads of their data.
+
+    ``storage`` holds the files and ``name`` is what was opened in it (``""``: the folder
+    itself). ``producer`` says which program wrote it where the files tell (``"unknown"``
+    otherwise), ``ranks`` how many processes wrote it (None when the files do not tell),
+    ``nesting`` where entries' nested paths come from (shown with the layout).
+    """
 
     format: str
-    root: Path
+    producer: str
+    storage: Storage
+    name: str
     source_files: tuple[str, ...]
     notes: tuple[str, ...]
     metadata: dict[str, str]
-    nesting: str  # where entries' nested paths come from (shown with the layout)
+    nesting: str
+    ranks: int | None
+    key_matching: str  # the spelling its own loader matches: "stored" or "flattened"
 
     def entries(self) -> list[Entry]:
         """Every stored value, in stored order, with ``nested_path`` filled in where known."""
@@ -42,9 +54,9 @@ class Source(Protocol):
         """A non-tensor value, decoded through safe_pickle."""
         ...
 
-    def chunk_bytes(self, entry: Entry, index: int) -> tuple[Path, int] | None:
-        """Where the chunk's row-major bytes start (file, offset), when stored as plain
-        contiguous bytes; None otherwise (subclass, strided view, compressed)."""
+    def chunk_bytes(self, entry: Entry, index: int) -> ByteRange | None:
+        """Where the chunk's row-major bytes lie, when stored as plain contiguous bytes;
+        None otherwise (subclass, strided view, compressed)."""
         ...
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
@@ -58,57 +70,23 @@ class Source(Protocol):
         ...
 
 
-def resolve_inside(
-    root: Path, relative: Any, *, referrer: str | os.PathLike, key: str | None
-) -> Path:
-    """``root / relative``, refusing absolute paths, ``..`` and symlinks that lead outside.
-
-    One kind of outside link is genuine: in a Hugging Face hub cache, a snapshot's files
-    link to the same repository's ``blobs/`` folder; those are followed.
-    """
-    if not isinstance(relative, str) or not relative or "\x00" in relative:
-        raise CorruptCheckpointError(f"bad file name {relative!r}", file=referrer, key=key)
-    parts = PurePosixPath(relative.replace("\\", "/"))
-    if parts.is_absolute() or PureWindowsPath(relative).drive or ".." in parts.parts:
-        raise UnsafeCheckpointError(
-            f"file name {relative!r} points outside the checkpoint folder", file=referrer, key=key
-        )
-    path = root / parts
-    real_root = root.resolve()
-    real = path.resolve()
-    if real != real_root and real_root not in real.parents and real.parent != _hub_blobs(root):
-        raise UnsafeCheckpointError(
-            f"{relative!r} is a link to {real}, outside the checkpoint folder",
-            file=referrer,
-            key=key,
-        )
-    return path
-
-
-def _hub_blobs(root: Path) -> Path | None:
-    """``<repo>/blobs`` (resolved) when ``root`` lies in ``<repo>/snapshots/<revision>``."""
-    here = root.absolute()
-    for folder in (here, *here.parents):
-        blobs = folder.parent.parent / "blobs"
-        if folder.parent.name == "snapshots" and blobs.is_dir():
-            return blobs.resolve()
-    return None
-
-
-def file_sizes(root: Path, names: set[str], *, referrer: str | os.PathLike) -> dict[str, int | str]:
-    """Size of each referenced file, or the reason it cannot be used (missing, escaping)."""
+def file_sizes(storage: Storage, names: set[str], *, referrer: str) -> dict[str, int | str]:
+    """Size of each referenced file, or the reason it cannot be used (missing, escaping,
+    not a regular file)."""
     sizes: dict[str, int | str] = {}
     for name in names:
         try:
-            path = resolve_inside(root, name, referrer=referrer, key=None)
-            sizes[name] = path.stat().st_size if path.is_file() else f"file {name} is missing"
-        except (UnsafeCheckpointError, CorruptCheckpointError) as exc:
-            sizes[name] = exc.reason
-        except OSError as exc:
-            sizes[name] = f"file {name} cannot be read ({exc.strerror})"
+            sizes[name] = storage.size(storage.check(name, referrer=referrer))
+        except InspectorError as exc:
+            joined = f" {exc.reason}" if exc.reason.startswith("is ") else f": {exc.reason}"
+            sizes[name] = f"file {name}{joined}"
     return sizes
 
 
-def require_file(path: Path, what: str) -> None:
-    if not path.is_file():
-        raise CheckpointFileMissingError(f"{what} is missing", file=path)
+def bytes_view(tensor: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous tensor's memory (any dtype, float8 included)."""
+    import torch
+
+    flat = tensor.reshape(-1)
+    array: Any = flat.view(torch.uint8).numpy()
+    return memoryview(array).cast("B")

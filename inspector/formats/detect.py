@@ -8,9 +8,6 @@ source's ``notes``.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from inspector.errors import CorruptCheckpointError, NotACheckpointError
 from inspector.formats.base import Source
 from inspector.formats.dcp import reader as dcp
@@ -18,43 +15,38 @@ from inspector.formats.hf_sharded import ShardedSource
 from inspector.formats.safetensors import SafetensorsSource, looks_like_safetensors
 from inspector.formats.torch_archive import is_legacy_torch, is_tar, is_zip
 from inspector.formats.torch_save import TorchSaveSource
+from inspector.storage.base import Kind, Storage
 
 
-def open_source(path: str | os.PathLike) -> Source:
-    """Pick the reader for ``path`` by its content (not by its name alone).
+def open_source(storage: Storage, name: str = "") -> Source:
+    """Pick the reader for ``name`` in ``storage`` (``""``: the folder itself) by content.
 
     A folder: DCP (``.metadata``), else what ``open_folder`` finds there. A file:
     safetensors, torch.save (zip or pre-1.6), a ``*.index.json`` of shards, or a DCP
     ``.metadata`` file (its folder is opened).
     """
-    root = Path(path).expanduser()
-    if not root.exists():
-        raise NotACheckpointError("no such file or folder", file=root)
-    if dcp.is_dcp_dir(root):
-        return dcp.DcpSource(root)
-    if root.is_dir():
-        return open_folder(root)
-    if root.name.endswith(dcp.METADATA_FILE) and dcp.is_dcp_dir(root.parent):
-        return dcp.DcpSource(root.parent)
-    return _open_file(root)
-
-
-def _open_file(path: Path) -> Source:
-    if file_kind(path) == "json":
-        source = ShardedSource(path.parent, [], open_file, index=path)
-        source.notes = (f"opened the index {path.name}", *source.notes)
-        return source
-    return open_file(path)
+    if not name:
+        if dcp.is_dcp_dir(storage):
+            return dcp.DcpSource(storage)
+        return open_folder(storage)
+    if storage.kind(name) == "dir":
+        return open_source(storage.child(name))
+    if name.endswith(dcp.METADATA_FILE) and "/" not in name and dcp.metadata_files(storage):
+        return dcp.DcpSource(storage)
+    if file_kind(storage, name) == "json":
+        return ShardedSource(
+            storage, [], open_file, index=name, notes=(f"opened the index {name}",)
+        )
+    return open_file(storage, name)
 
 
 # --- one file, by its first bytes ---------------------------------------------------------
 _HEAD_BYTES = 512
 
 
-def file_kind(path: Path) -> str | None:
+def file_kind(storage: Storage, name: str) -> str | None:
     """``"safetensors"``, ``"torch-save"``, ``"json"`` (an index) or None (something else)."""
-    with open(path, "rb") as f:
-        head = f.read(_HEAD_BYTES)
+    head = storage.read(name, 0, min(_HEAD_BYTES, storage.size(name)))
     if looks_like_safetensors(head):
         return "safetensors"
     if is_zip(head) or is_tar(head) or is_legacy_torch(head):
@@ -64,19 +56,20 @@ def file_kind(path: Path) -> str | None:
     return None
 
 
-def open_file(path: Path, name: str | None = None) -> SafetensorsSource | TorchSaveSource:
-    """The reader for one checkpoint file (``name``: how to show it, relative to its folder)."""
-    kind = file_kind(path)
+def open_file(storage: Storage, name: str) -> SafetensorsSource | TorchSaveSource:
+    """The reader for one checkpoint file, judged by its first bytes."""
+    kind = file_kind(storage, name)
     if kind == "safetensors":
-        return SafetensorsSource(path, name)
+        return SafetensorsSource(storage, name)
     if kind == "torch-save":
-        return TorchSaveSource(path, name)
-    if path.stat().st_size == 0:
-        raise CorruptCheckpointError("the file is empty (0 bytes)", file=path)
-    if path.name.endswith(".safetensors"):
-        return SafetensorsSource(path, name)  # named so: its header check says what is wrong
+        return TorchSaveSource(storage, name)
+    if storage.size(name) == 0:
+        raise CorruptCheckpointError("the file is empty (0 bytes)", file=storage.describe(name))
+    if name.endswith(".safetensors"):
+        return SafetensorsSource(storage, name)  # named so: its header check says what is wrong
     raise NotACheckpointError(
-        "neither a safetensors file nor a torch.save archive (judged by its content)", file=path
+        "neither a safetensors file nor a torch.save archive (judged by its content)",
+        file=storage.describe(name),
     )
 
 
@@ -87,9 +80,10 @@ TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SHARDED_DIR = "sharded"
 
 
-def open_folder(root: Path) -> Source:
-    """The checkpoint in ``root``, with notes saying which files were picked and why."""
-    names = sorted(p.name for p in root.iterdir() if p.is_file())
+def open_folder(storage: Storage) -> Source:
+    """The checkpoint in the folder, with notes saying which files were picked and why."""
+    listed = storage.list()
+    names = [n for n, kind in listed if kind == "file"]
     st_index = _preferred(
         [n for n in names if n.endswith(".safetensors.index.json")], SAFETENSORS_INDEX
     )
@@ -99,30 +93,24 @@ def open_folder(root: Path) -> Source:
     )
     tensors = [n for n in names if n.endswith(".safetensors")]
     pickles = [n for n in names if n.endswith(TORCH_SUFFIXES)]
-    leftover = _leftover_shards(root)
+    leftover = _leftover_shards(storage, listed)
     if st_index or pt_index or tensors or pickles:
-        source, used = _pick(root, st_index, pt_index, tensors, pickles)
-        ignored = [n for n in [*st_index, *pt_index, *tensors, *pickles] if n not in used]
-        notes = [f"also found {n} (ignored)" for n in ignored]
+        candidates = [*st_index, *pt_index, *tensors, *pickles]
+        notes = []
         if leftover:
             notes.append(
                 f"ignored leftover {SHARDED_DIR}/ folder ({len(leftover)} per-rank files "
                 "of the distributed save; the consolidated files above are used)"
             )
-        source.notes = (*source.notes, *notes)
-        return source
+        return _pick(storage, st_index, pt_index, tensors, pickles, candidates, notes)
     if leftover:
-        source = open_folder(root / SHARDED_DIR)
-        source.notes = (
-            f"no checkpoint files at top level: using the per-rank files in {SHARDED_DIR}/",
-            *source.notes,
-        )
-        return source
+        note = f"no checkpoint files at top level: using the per-rank files in {SHARDED_DIR}/"
+        return _with_notes(open_folder(storage.child(SHARDED_DIR)), (note,), first=True)
     if any(n.endswith(".distcp") for n in names):
-        raise NotACheckpointError("DCP .distcp files but no .metadata file", file=root)
+        raise NotACheckpointError("DCP .distcp files but no .metadata file", file=storage.location)
     raise NotACheckpointError(
         "not a checkpoint: no DCP .metadata, torch.save archive or safetensors file found",
-        file=root,
+        file=storage.location,
     )
 
 
@@ -132,32 +120,49 @@ def _preferred(candidates: list[str], name: str) -> list[str]:
 
 
 def _pick(
-    root: Path, st_index: list[str], pt_index: list[str], tensors: list[str], pickles: list[str]
-) -> tuple[Source, set[str]]:
-    """The source to open and the files it accounts for."""
+    storage: Storage,
+    st_index: list[str],
+    pt_index: list[str],
+    tensors: list[str],
+    pickles: list[str],
+    candidates: list[str],
+    notes: list[str],
+) -> Source:
+    """The source to open, noting the candidates it leaves out."""
+
+    def ignoring(used: set[str]) -> tuple[str, ...]:
+        return (*(f"also found {n} (ignored)" for n in candidates if n not in used), *notes)
+
     if st_index or pt_index:
         index = (st_index or pt_index)[0]
-        source = ShardedSource(root, [], open_file, index=root / index)
-        return source, {index, *source.shard_names}
-    single = _single(root, tensors[0], "safetensors file") if len(tensors) == 1 else None
+        source = ShardedSource(storage, [], open_file, index=index)
+        return _with_notes(source, ignoring({index, *source.shard_names}))
+    single = _single(storage, tensors[0], "safetensors file") if len(tensors) == 1 else None
     if tensors and (single is None or getattr(single, "offsets", None) is not None):
-        return ShardedSource(root, tensors, open_file), set(tensors)  # several files, or DCP chunks
+        # several files, or DCP chunks
+        return ShardedSource(storage, tensors, open_file, notes=ignoring(set(tensors)))
     if single is not None:
-        return single, {tensors[0]}
+        return _with_notes(single, ignoring({tensors[0]}))
     if len(pickles) > 1 and "pytorch_model.bin" not in pickles:
         raise NotACheckpointError(
-            f"several torch.save files and no index; open one of: {', '.join(pickles)}", file=root
+            f"several torch.save files and no index; open one of: {', '.join(pickles)}",
+            file=storage.location,
         )
     name = "pytorch_model.bin" if "pytorch_model.bin" in pickles else pickles[0]
-    return _single(root, name, "torch.save file"), {name}
+    return _with_notes(_single(storage, name, "torch.save file"), ignoring({name}))
 
 
-def _single(root: Path, name: str, what: str) -> Source:
-    source = open_file(root / name, name)
-    source.notes = (f"the folder's {what}: {name}", *source.notes)
+def _single(storage: Storage, name: str, what: str) -> Source:
+    return _with_notes(open_file(storage, name), (f"the folder's {what}: {name}",), first=True)
+
+
+def _with_notes(source: Source, notes: tuple[str, ...], *, first: bool = False) -> Source:
+    """The source, its notes extended by how it was chosen (set once, while detecting)."""
+    source.notes = (*notes, *source.notes) if first else (*source.notes, *notes)
     return source
 
 
-def _leftover_shards(root: Path) -> list[Path]:
-    folder = root / SHARDED_DIR
-    return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+def _leftover_shards(storage: Storage, listed: list[tuple[str, Kind]]) -> list[str]:
+    if (SHARDED_DIR, "dir") not in listed:
+        return []
+    return [n for n, kind in storage.child(SHARDED_DIR).list() if n.endswith(".safetensors")]

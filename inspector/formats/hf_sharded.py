@@ -10,62 +10,73 @@ entries concerned; the rest stays readable.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from inspector.entry import ChunkInfo, Entry
-from inspector.errors import (
-    CheckpointFileMissingError,
-    CorruptCheckpointError,
-    InspectorError,
-    NotACheckpointError,
-)
-from inspector.formats.base import ChunkValue, resolve_inside
+from inspector.errors import CorruptCheckpointError, InspectorError, NotACheckpointError
+from inspector.formats.base import ChunkValue, Source
 from inspector.formats.safe_pickle import SubclassRef, TensorRef
 from inspector.formats.safetensors import SHARDING_KEY
+from inspector.storage.base import ByteRange, Storage
 
 if TYPE_CHECKING:
-    from inspector.formats.safetensors import SafetensorsSource
-    from inspector.formats.torch_save import TorchSaveSource
-
-    Shard = SafetensorsSource | TorchSaveSource
+    import torch
 
 MAX_INDEX_BYTES = 1 << 28
 Piece = tuple[str, Entry]
 
 
+class Shard(Source, Protocol):
+    """One file of the set, opened: a single-file format that can look a key up and, for
+    DCP's HuggingFaceStorageWriter files, says where its chunks sit (``offsets``)."""
+
+    offsets: dict[str, tuple[int, ...]] | None
+
+    def entry(self, key: str) -> Entry | None:
+        """The file's entry for ``key``, or None."""
+        ...
+
+
 class ShardedSource:
     """Several files that together make one checkpoint; ``index`` maps keys to files."""
 
+    producer = "unknown"
+    ranks: int | None = None
+    key_matching = "flattened"
+
     def __init__(
         self,
-        root: Path,
+        storage: Storage,
         names: list[str],
-        open_file: Callable[[Path, str], Shard],
+        open_file: Callable[[Storage, str], Shard],
         *,
-        index: Path | None = None,
+        index: str | None = None,
+        notes: tuple[str, ...] = (),
     ) -> None:
-        """``open_file(path, name)`` opens one shard by its content (see ``formats.detect``)."""
-        self.root = root
-        referrer = index or root
-        weight_map, index_metadata = _read_index(index) if index else (None, {})
+        """``open_file(storage, name)`` opens one shard by its content (see ``formats.detect``)."""
+        self.storage = storage
+        self.name = index or ""
+        referrer = storage.describe(index or "")
+        weight_map, index_metadata = _read_index(storage, index) if index else (None, {})
         if weight_map is not None:
             names = list(dict.fromkeys(v for v in weight_map.values() if isinstance(v, str)))
         self.shard_names = tuple(names)
-        self._shards = {name: _open_shard(root, name, referrer, open_file) for name in names}
+        self._shards = {name: _open_shard(storage, name, referrer, open_file) for name in names}
         opened = {n: s for n, s in self._shards.items() if not isinstance(s, str)}
+        self._opened = opened
         self.dcp = any(s.offsets is not None for s in opened.values())
-        pieces, extras = _pieces(weight_map, self._shards, referrer.name)
+        pieces, extras = _pieces(weight_map, self._shards, index or storage.location)
         self._entries = [self._merge(key, p) for key, p in pieces.items()]
         self._pieces = {key: p for key, p in pieces.items() if not isinstance(p, str)}
         self.format = self._format(opened, names)
         self.nesting = next(iter(opened.values())).nesting if opened else "key names"
         self.metadata = {**_common_metadata(opened.values()), **index_metadata}
-        self.source_files = (*([index.name] if index else []), *opened)
-        self.notes = self._notes(index, opened, names, extras)
+        self.source_files = (*([index] if index else []), *opened)
+        self.notes = (*notes, *self._notes(index, names, extras))
+        ranks = [s for s in opened.values() if s.offsets is not None]
+        self.ranks = len(ranks) if self.dcp else None
 
     def _format(self, opened: dict[str, Shard], names: list[str]) -> str:
         if self.dcp:
@@ -75,11 +86,9 @@ class ShardedSource:
         }
         return "torch-save" if formats == {"torch-save"} else "safetensors-sharded"
 
-    def _notes(
-        self, index: Path | None, opened: dict, names: list[str], extras: list[str]
-    ) -> tuple[str, ...]:
+    def _notes(self, index: str | None, names: list[str], extras: list[str]) -> list[str]:
         count = f"{len(names)} shard{'s' if len(names) != 1 else ''}"
-        notes = [f"found {index.name} ({count})" if index else f"no index: used all {count}"]
+        notes = [f"found {index} ({count})" if index else f"no index: used all {count}"]
         if self.dcp:
             notes.append(
                 f"files carry {SHARDING_KEY} (torch DCP HuggingFaceStorageWriter): "
@@ -89,7 +98,7 @@ class ShardedSource:
         if extras:
             shown = ", ".join(extras[:5]) + (", ..." if len(extras) > 5 else "")
             notes.append(f"{len(extras)} tensors are in shards but not in the index: {shown}")
-        return tuple(notes)
+        return notes
 
     def _merge(self, key: str, pieces: list[Piece] | str) -> Entry:
         if isinstance(pieces, str):
@@ -106,8 +115,8 @@ class ShardedSource:
         """One tensor from DCP chunks: offsets from each file's ``DCP_SHARDING_INFO``."""
         chunks, problems = [], []
         for name, sub in pieces:
-            offsets = (self._shards[name].offsets or {}).get(key)
-            if sub.error or offsets is None or len(offsets) != len(sub.shape):
+            offsets = (self._opened[name].offsets or {}).get(key)
+            if sub.error or offsets is None or sub.shape is None or len(offsets) != len(sub.shape):
                 problems.append(sub.error or f"{name} gives no saved_offsets of its rank")
                 continue
             stored = sub.chunks[0]
@@ -117,21 +126,24 @@ class ShardedSource:
         if len({sub.dtype for _, sub in pieces}) > 1 or len({len(c.sizes) for c in chunks}) > 1:
             problems.append("its chunks disagree on the dtype or the number of dimensions")
         shape = _extent(chunks) if chunks and not problems else None
-        entry = Entry(key, "tensor", dtype=pieces[0][1].dtype, shape=shape, chunks=tuple(chunks))
-        held = sum(c.numel for c in chunks)
-        if not problems and held != entry.numel:
-            problems.append(
-                f"chunks hold {held} of its {entry.numel} elements (a rank's file missing?)"
-            )
-        entry.error = problems[0] if problems else None
-        return entry
+        held, numel = sum(c.numel for c in chunks), math.prod(shape) if shape is not None else 0
+        if not problems and held != numel:
+            problems.append(f"chunks hold {held} of its {numel} elements (a rank's file missing?)")
+        return Entry(
+            key,
+            "tensor",
+            dtype=pieces[0][1].dtype,
+            shape=shape,
+            chunks=tuple(chunks),
+            error=problems[0] if problems else None,
+        )
 
     def entries(self) -> list[Entry]:
         return self._entries
 
     def _piece(self, entry: Entry, index: int) -> tuple[Shard, Entry]:
         name, sub = self._pieces[entry.key][index]
-        return self._shards[name], sub
+        return self._opened[name], sub
 
     def read_chunk(self, entry: Entry, index: int, out: torch.Tensor | None = None) -> ChunkValue:
         shard, sub = self._piece(entry, index)
@@ -141,7 +153,7 @@ class ShardedSource:
         shard, sub = self._piece(entry, 0)
         return shard.read_object(sub)
 
-    def chunk_bytes(self, entry: Entry, index: int) -> tuple[Path, int] | None:
+    def chunk_bytes(self, entry: Entry, index: int) -> ByteRange | None:
         shard, sub = self._piece(entry, index)
         return shard.chunk_bytes(sub, 0)
 
@@ -160,38 +172,37 @@ def _extent(chunks: list[ChunkInfo]) -> tuple[int, ...]:
     return tuple(max(c.offsets[d] + c.sizes[d] for c in chunks) for d in range(ndim))
 
 
-def _read_index(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+def _read_index(storage: Storage, name: str) -> tuple[dict[str, Any], dict[str, str]]:
     """``weight_map`` and ``metadata`` of a ``*.index.json`` file."""
+    label = storage.describe(name)
+    if storage.size(name) > MAX_INDEX_BYTES:
+        raise CorruptCheckpointError("index file is implausibly large", file=label)
     try:
-        if path.stat().st_size > MAX_INDEX_BYTES:
-            raise CorruptCheckpointError("index file is implausibly large", file=path)
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError as exc:
-        raise CheckpointFileMissingError("index file is missing", file=path) from exc
+        data = json.loads(storage.read(name))
     except (ValueError, RecursionError) as exc:
-        raise CorruptCheckpointError(f"index is not valid JSON ({exc})", file=path) from exc
+        raise CorruptCheckpointError(f"index is not valid JSON ({exc})", file=label) from exc
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict):
-        raise NotACheckpointError("JSON without a weight_map object: not a shard index", file=path)
+        raise NotACheckpointError("JSON without a weight_map object: not a shard index", file=label)
     metadata = data.get("metadata")
     return weight_map, {
-        str(k): str(v) for k, v in (metadata.items() if isinstance(metadata, dict) else ())
+        str(k)[:200]: str(v)[:200]
+        for k, v in (metadata.items() if isinstance(metadata, dict) else ())
+        if isinstance(v, (str, float)) or (type(v) is int and v.bit_length() < 200)
     }
 
 
 def _open_shard(
-    root: Path, name: str, referrer: Path, open_file: Callable[[Path, str], Shard]
+    storage: Storage, name: str, referrer: str, open_file: Callable[[Storage, str], Shard]
 ) -> Shard | str:
     """The shard's reader, or why it cannot be used (missing, outside the folder, damaged)."""
     try:
-        path = resolve_inside(root, name, referrer=referrer, key=None)
-        if not path.is_file():
-            return f"shard {name} is missing"
-        return open_file(path, name)
+        checked = storage.check(name, referrer=referrer)
+        if storage.kind(checked) != "file":
+            storage.size(checked)  # raises the precise reason: missing, a FIFO, ...
+        return open_file(storage, checked)
     except InspectorError as exc:
-        return f"shard {name}: {exc.reason}"
-    except OSError as exc:
-        return f"shard {name} cannot be read ({exc.strerror})"
+        return f"shard {name}{_joined(exc.reason)}"
 
 
 def _pieces(
@@ -203,8 +214,8 @@ def _pieces(
         shard = shards.get(name) if isinstance(name, str) else None
         if not isinstance(name, str):
             pieces[key] = f"{index} maps it to {name!r}, not a file name"
-        elif isinstance(shard, str):
-            pieces[key] = shard
+        elif isinstance(shard, str) or shard is None:
+            pieces[key] = shard or f"{index} maps it to {name}, which is not opened"
         elif (sub := shard.entry(key)) is None:
             pieces[key] = f"{index} puts it in {name}, which does not hold it"
         else:
@@ -234,3 +245,8 @@ def _common_metadata(shards: Any) -> dict[str, str]:
         for k, v in tables[0].items()
         if k != SHARDING_KEY and all(t.get(k) == v for t in tables[1:])
     }
+
+
+def _joined(reason: str) -> str:
+    """``" is missing"`` reads on from a file name; other reasons follow a colon."""
+    return f" {reason}" if reason.startswith("is ") else f": {reason}"

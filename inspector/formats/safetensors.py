@@ -1,4 +1,5 @@
-"""Safetensors files: the header parsed and checked here, each tensor read by its byte range.
+"""Safetensors files: the header parsed and checked, each tensor read by its byte range;
+and the writer (header first, then each tensor's bytes).
 
 Layout: an 8-byte little-endian header length, a JSON header ``{name: {dtype, shape,
 data_offsets}, "__metadata__": {str: str}}``, then the data section. Nothing a header
@@ -12,17 +13,23 @@ import math
 import os
 import struct
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, TypeGuard
 
-import torch
-
+from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry
-from inspector.errors import CorruptCheckpointError, UnsupportedError
-from inspector.formats.base import ChunkValue
+from inspector.errors import CorruptCheckpointError, ExportError, UnsupportedError
+from inspector.formats.base import ChunkValue, bytes_view
 from inspector.formats.safe_pickle import TensorRef
-from inspector.formats.torch_archive import contiguous_strides, empty_bytes_view, read_exact_into
+from inspector.formats.torch_archive import contiguous_strides
+from inspector.formats.writing import Item, write_item
+from inspector.storage.base import ByteRange, Storage
+from inspector.storage.copy import write_all
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
 METADATA_KEY = "__metadata__"
@@ -30,42 +37,38 @@ SHARDING_KEY = "DCP_SHARDING_INFO"
 _LENGTH = struct.Struct("<Q")
 _MAX_INT = 1 << 62
 
-# Names as safetensors 0.8 writes them.
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U64": torch.uint64,
-    "U32": torch.uint32,
-    "U16": torch.uint16,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "C64": torch.complex64,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
-    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+# safetensors 0.8 names -> dtype names.
+DTYPES: dict[str, str] = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F4": "float4_e2m1fn_x2",
 }
-# Newer dtypes, where this torch has them.
-DTYPES.update(
-    (name, getattr(torch, attr))
-    for name, attr in (("F8_E8M0", "float8_e8m0fnu"), ("F4", "float4_e2m1fn_x2"))
-    if hasattr(torch, attr)
-)
 # Dtypes packing two values per byte: headers count values, torch counts bytes (last dim / 2).
-_PACKED = {DTYPES["F4"]} if "F4" in DTYPES else set()
+_PACKED = {"float4_e2m1fn_x2"}
 
 
 @dataclass(frozen=True)
 class Span:
     """One tensor of a safetensors file: dtype, shape and absolute byte range, or why unusable."""
 
-    dtype: torch.dtype | None
+    dtype: str | None
     shape: tuple[int, ...] | None
     start: int
     length: int
@@ -89,12 +92,13 @@ def looks_like_safetensors(head: bytes) -> bool:
     return 2 <= size <= MAX_HEADER_BYTES and head[8:9] == b"{"
 
 
-def read_header(f: BinaryIO, *, file: str, offset: int = 0, length: int | None = None) -> Header:
-    """Parse and check the header of the safetensors file at bytes ``[offset, offset+length)``."""
+def read_header(storage: Storage, name: str, offset: int = 0, length: int | None = None) -> Header:
+    """Parse and check the header of the safetensors file at bytes ``[offset, offset+length)``
+    of ``name`` (to the end of the file when ``length`` is None)."""
+    file = storage.describe(name)
     if length is None:
-        length = os.fstat(f.fileno()).st_size - offset
-    f.seek(offset)
-    head = f.read(_LENGTH.size)
+        length = storage.size(name) - offset
+    head = storage.read(name, offset, min(_LENGTH.size, max(length, 0)))
     if len(head) < _LENGTH.size:
         raise CorruptCheckpointError(
             f"{length} bytes: too short for a safetensors header length", file=file
@@ -104,9 +108,7 @@ def read_header(f: BinaryIO, *, file: str, offset: int = 0, length: int | None =
         raise CorruptCheckpointError(
             f"header length {size} runs past the end of the file ({length} bytes)", file=file
         )
-    raw = f.read(size)
-    if len(raw) != size:
-        raise CorruptCheckpointError("file ends inside the safetensors header", file=file)
+    raw = storage.read(name, offset + _LENGTH.size, size)
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -158,13 +160,13 @@ def _span(info: Any, data_start: int, data_length: int) -> Span:
             return Span(dtype, shape, 0, 0, f"{name} needs an even last dimension, got {shape}")
         shape = (*shape[:-1], shape[-1] // 2)
         values //= 2
-    if values * dtype.itemsize != end - begin:
+    if values * dtypes.itemsize(dtype) != end - begin:
         return Span(
             dtype,
             shape,
             0,
             0,
-            f"shape {list(shape)} of {name} needs {values * dtype.itemsize} bytes, "
+            f"shape {list(shape)} of {name} needs {values * dtypes.itemsize(dtype)} bytes, "
             f"data_offsets give {end - begin}",
         )
     if end > data_length:
@@ -179,36 +181,42 @@ def _span(info: Any, data_start: int, data_length: int) -> Span:
     return Span(dtype, shape, data_start + begin, end - begin)
 
 
-def _int_list(value: Any) -> bool:
+def _int_list(value: Any) -> TypeGuard[list[int]]:
     """A JSON list of non-negative integers small enough for any real tensor."""
     return type(value) is list and all(type(v) is int and 0 <= v < _MAX_INT for v in value)
 
 
 def read_span(
-    path: Path,
+    storage: Storage,
+    name: str,
     chunk: ChunkInfo,
-    dtype: torch.dtype,
+    dtype: str,
     out: torch.Tensor | None = None,
     *,
     key: str,
 ) -> torch.Tensor:
     """The chunk's raw bytes as a tensor (read straight into ``out`` when it fits)."""
+    import torch
+
+    torch_dtype = dtypes.to_torch(dtype)
     if not (
         out is not None
         and out.is_contiguous()
-        and out.dtype == dtype
+        and out.dtype == torch_dtype
         and tuple(out.shape) == chunk.sizes
     ):
-        out = torch.empty(chunk.sizes, dtype=dtype)
-    with open(path, "rb") as f:
-        read_exact_into(f, chunk.byte_offset, empty_bytes_view(out), file=str(path), key=key)
+        out = torch.empty(chunk.sizes, dtype=torch_dtype)
+    try:
+        storage.read_into(name, chunk.byte_offset, bytes_view(out))
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(exc.reason, file=exc.file, key=key) from None
     return out
 
 
 def plain_description(entry: Entry, index: int) -> TensorRef:
     """What a safetensors chunk is: always a plain contiguous tensor (no pickle, no subclass)."""
     sizes = entry.chunks[index].sizes
-    return TensorRef(None, 0, sizes, contiguous_strides(sizes), entry.dtype)
+    return TensorRef(None, 0, sizes, contiguous_strides(sizes), _dtype(entry))
 
 
 def saved_offsets(metadata: dict[str, str], *, file: str) -> dict[str, tuple[int, ...]] | None:
@@ -229,34 +237,37 @@ class SafetensorsSource:
     """One safetensors file: its header at open, each tensor's bytes when read."""
 
     format = "safetensors"
+    producer = "unknown"
     nesting = "key names (safetensors keys are flat)"
+    key_matching = "flattened"
+    ranks: int | None = None
 
-    def __init__(self, path: Path, name: str | None = None) -> None:
-        self.root = path
-        self.name = name or path.name
-        with open(path, "rb") as f:
-            header = read_header(f, file=str(path))
+    def __init__(self, storage: Storage, name: str) -> None:
+        self.storage, self.name = storage, name
+        header = read_header(storage, name)
         self.metadata = header.metadata
-        self.source_files = (self.name,)
+        self.source_files: tuple[str, ...] = (name,)
         self._entries = {k: self._entry(k, span) for k, span in header.tensors.items()}
-        self.notes = (f"{self.name}: safetensors header lists {len(self._entries)} tensors",)
+        notes = [f"{name}: safetensors header lists {len(self._entries)} tensors"]
+        self.offsets: dict[str, tuple[int, ...]] | None
         try:
-            self.offsets = saved_offsets(header.metadata, file=str(path))
+            self.offsets = saved_offsets(header.metadata, file=storage.describe(name))
         except CorruptCheckpointError as exc:
             self.offsets = {}  # DCP chunks, but where they go is unknown
-            self.notes += (exc.reason,)
+            notes.append(exc.reason)
         if self.offsets and any(any(v) for v in self.offsets.values()):
-            self.notes += (
+            notes.append(
                 f"{SHARDING_KEY}: this file holds chunks of larger tensors (saved_offsets); "
-                "open its folder to assemble them",
+                "open its folder to assemble them"
             )
+        self.notes = tuple(notes)
 
     def _entry(self, key: str, span: Span) -> Entry:
-        entry = Entry(key, "tensor", dtype=span.dtype, shape=span.shape, error=span.error)
-        if span.error is None:
-            zeros = (0,) * len(span.shape)
-            entry.chunks = (ChunkInfo(zeros, span.shape, self.name, span.start, span.length),)
-        return entry
+        if span.error is not None or span.shape is None:
+            return Entry(key, "tensor", dtype=span.dtype, shape=span.shape, error=span.error)
+        zeros = (0,) * len(span.shape)
+        chunk = ChunkInfo(zeros, span.shape, self.name, span.start, span.length)
+        return Entry(key, "tensor", dtype=span.dtype, shape=span.shape, chunks=(chunk,))
 
     def entries(self) -> list[Entry]:
         return list(self._entries.values())
@@ -265,16 +276,73 @@ class SafetensorsSource:
         return self._entries.get(key)
 
     def read_chunk(self, entry: Entry, index: int, out: torch.Tensor | None = None) -> ChunkValue:
-        return read_span(self.root, entry.chunks[index], entry.dtype, out, key=entry.key)
+        chunk = entry.chunks[index]
+        return read_span(self.storage, self.name, chunk, _dtype(entry), out, key=entry.key)
 
     def read_object(self, entry: Entry) -> Any:
-        raise UnsupportedError("safetensors files hold tensors only", file=self.root, key=entry.key)
+        raise UnsupportedError(
+            "safetensors files hold tensors only",
+            file=self.storage.describe(self.name),
+            key=entry.key,
+        )
 
-    def chunk_bytes(self, entry: Entry, index: int) -> tuple[Path, int] | None:
-        return self.root, entry.chunks[index].byte_offset
+    def chunk_bytes(self, entry: Entry, index: int) -> ByteRange:
+        chunk = entry.chunks[index]
+        return ByteRange(self.storage, self.name, chunk.byte_offset, chunk.byte_length)
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         return []
 
     def describe_chunk(self, entry: Entry, index: int) -> TensorRef:
         return plain_description(entry, index)
+
+
+def _dtype(entry: Entry) -> str:
+    if entry.dtype is None:
+        raise CorruptCheckpointError("has no dtype", key=entry.key)
+    return entry.dtype
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+# dtype name -> safetensors name. Left out: packed float4 (headers count values, torch bytes)
+# and float8_e8m0fnu, which safetensors' own loaders (and so transformers) cannot read.
+SAFETENSORS_NAMES = {name: st for st, name in DTYPES.items() if st not in ("F4", "F8_E8M0")}
+
+
+def safetensors_dtype(dtype: str, key: str) -> str:
+    """The safetensors name of a dtype; an ExportError for one safetensors cannot store."""
+    try:
+        return SAFETENSORS_NAMES[dtype]
+    except KeyError:
+        raise ExportError(
+            f"safetensors cannot store {dtype}; export to .pt, or use fp8='dequantize'", key=key
+        ) from None
+
+
+def header_bytes(items: Sequence[Item], metadata: dict[str, str]) -> bytes:
+    """The 8-byte length + JSON header (space-padded to 8 bytes, as safetensors does)."""
+    header: dict[str, Any] = {METADATA_KEY: metadata} if metadata else {}
+    offset = 0
+    for item in items:
+        header[item.name] = {
+            "dtype": safetensors_dtype(item.dtype, item.name),
+            "shape": list(item.shape),
+            "data_offsets": [offset, offset + item.nbytes],
+        }
+        offset += item.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return _LENGTH.pack(len(text)) + text
+
+
+def write_safetensors(
+    path: Path, items: Sequence[Item], metadata: dict[str, str], progress: Callable[[Item], None]
+) -> None:
+    """One safetensors file, tensors written one at a time after the header."""
+    with open(path, "wb", buffering=0) as f:
+        write_all(f.fileno(), header_bytes(items, metadata))
+        for item in items:
+            write_item(f.fileno(), item, crc=False)
+            progress(item)
+        os.fsync(f.fileno())

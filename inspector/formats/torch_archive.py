@@ -1,85 +1,40 @@
-"""torch.save files: find their storage records, decode their pickles safely, read storages.
+"""torch.save archives: find their storage records, decode their pickles safely, read storages.
 
 A DCP item and a ``.pt`` file are both zip archives; DCP's sit at a byte range inside a
 ``.distcp`` file. Files from torch < 1.6 use the older flat layout (``LegacyArchive``).
-Only the byte ranges a tensor needs are read, straight into its buffer.
+An archive is read through a bounded stream (a storage window, positions relative to the
+archive's first byte); only the byte ranges a tensor needs are read, straight into its
+buffer. torch is imported only when a tensor is materialised.
 """
 
 from __future__ import annotations
 
-import io
+import lzma
 import math
-import os
 import struct
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from inspector import dtypes
 from inspector.errors import CorruptCheckpointError, UnsupportedError
 from inspector.formats import safe_pickle
-from inspector.formats.safe_pickle import SubclassRef, TensorRef
+from inspector.formats.base import bytes_view
+from inspector.formats.safe_pickle import DtypeName, SubclassRef, TensorRef
+from inspector.storage.base import Stream, WindowReader
+
+if TYPE_CHECKING:
+    import torch
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")
 _MAX_PICKLE_BYTES = 1 << 30
 
 
-class FileWindow(io.RawIOBase):
-    """A read-only, seekable view of ``length`` bytes of ``f`` starting at ``start``."""
-
-    def __init__(self, f: BinaryIO, start: int, length: int) -> None:
-        self._f, self._start, self._length, self._pos = f, start, length, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._length}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        """At most the bytes left in the window: a size read from damaged data (a zip's
-        central directory length, say) allocates no more than the window holds."""
-        left = max(0, self._length - self._pos)
-        return super().read(left if size is None or size < 0 else min(size, left))
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        n = max(0, min(len(view), self._length - self._pos))
-        if n == 0:
-            return 0
-        self._f.seek(self._start + self._pos)
-        got = self._f.readinto(view[:n]) or 0
-        self._pos += got
-        return got
-
-
-class WindowReader(io.BufferedReader):
-    """Buffered reading of a FileWindow. ``read(n)`` is clamped to the bytes left first:
-    BufferedReader itself reserves ``n`` bytes, and ``n`` may come from damaged data."""
-
-    def __init__(self, window: FileWindow) -> None:
-        super().__init__(window)
-        self._end = window.seek(0, os.SEEK_END)
-        window.seek(0)
-
-    def read(self, size: int | None = -1) -> bytes:
-        left = max(0, self._end - self.tell())
-        return super().read(left if size is None or size < 0 else min(size, left))
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Record:
-    """A stored (uncompressed) zip member: ``size`` bytes at absolute file offset ``start``."""
+    """A stored (uncompressed) zip member: ``size`` bytes at ``start`` of the archive stream."""
 
     name: str
     start: int
@@ -87,7 +42,7 @@ class Record:
 
 
 def read_exact_into(
-    f: BinaryIO, start: int, buffer: memoryview, *, file: str, key: str | None
+    f: Stream, start: int, buffer: memoryview, *, file: str, key: str | None
 ) -> None:
     """Fill ``buffer`` from ``f`` at ``start``; a short read means the file is truncated."""
     f.seek(start)
@@ -103,34 +58,34 @@ def read_exact_into(
         done += got
 
 
-def empty_bytes_view(tensor: torch.Tensor) -> memoryview:
-    """A writable byte view of a contiguous tensor's memory (any dtype, float8 included)."""
-    flat = tensor.reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
-
-
 class StoredTensors:
-    """Reading tensors out of a torch.save file's storages; subclasses locate the records."""
+    """Reading tensors out of a torch.save file's storages; subclasses locate the records.
 
-    f: BinaryIO
+    ``f`` is the archive's stream; ``path`` names the file in messages.
+    """
+
+    f: Stream
     path: str
     key: str | None
+
+    def load(self) -> Any:
+        raise NotImplementedError
 
     def record(self, storage_key: str) -> Record:
         raise NotImplementedError
 
     def read_tensor(self, ref: TensorRef, out: torch.Tensor | None = None) -> torch.Tensor:
         """Materialise ``ref``; with ``out`` (same shape and dtype, contiguous) read into it."""
-        needed = ref.storage is not None and math.prod(ref.shape)
-        record = self.record(ref.storage.key) if needed else None
+        needed = ref.storage is not None and ref.extent > 0
+        record = self.record(ref.storage.key) if needed and ref.storage else None
         return read_storage_tensor(self.f, record, ref, out, file=self.path, key=self.key)
 
     def materialize(self, value: Any) -> Any:
         """Replace every TensorRef in ``value`` (containers, subclass attributes) by a tensor."""
         return materialize(value, self.read_tensor)
 
-    def contiguous_start(self, shape: tuple[int, ...], dtype: torch.dtype) -> int | None:
-        """File offset of the archive's tensor bytes when it holds one plain contiguous
+    def contiguous_start(self, shape: tuple[int, ...], dtype: str) -> int | None:
+        """Stream offset of the archive's tensor bytes when it holds one plain contiguous
         tensor of ``shape`` and ``dtype`` (checked against its record); else None."""
         ref = self.load()
         if not isinstance(ref, TensorRef) or ref.storage is None:
@@ -141,23 +96,20 @@ class StoredTensors:
             return None
         record = self.record(ref.storage.key)
         check_fits(record, ref, file=self.path, key=self.key)
-        return record.start + ref.storage_offset * dtype.itemsize
+        return record.start + ref.storage_offset * dtypes.itemsize(dtype)
 
 
 class TorchArchive(StoredTensors):
-    """The torch.save archive stored in bytes ``[offset, offset + length)`` of ``path``."""
+    """The torch.save zip archive that ``f`` (a bounded stream of ``length`` bytes) holds."""
 
-    def __init__(self, f: BinaryIO, path: str, offset: int, length: int, key: str | None) -> None:
-        self.f, self.path, self.offset, self.length, self.key = f, path, offset, length, key
+    def __init__(self, f: Stream, path: str, length: int, key: str | None) -> None:
+        self.f, self.path, self.length, self.key = f, path, length, key
         try:
-            self._zip = zipfile.ZipFile(FileWindow(f, offset, length))
+            self._zip = zipfile.ZipFile(f)
             infos = self._zip.infolist()
         except _ZIP_ERRORS as exc:
             raise CorruptCheckpointError(
-                f"not a readable torch.save archive at bytes {offset}..{offset + length} "
-                f"({_describe(exc)})",
-                file=path,
-                key=key,
+                f"not a readable torch.save archive ({_describe(exc)})", file=path, key=key
             ) from exc
         pickles = [i.filename for i in infos if i.filename.endswith("data.pkl")]
         top = [p for p in pickles if p.count("/") == 1] or pickles
@@ -179,7 +131,7 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"torch archive lacks record {name!r}", file=self.path, key=self.key
             )
-        if info.file_size > limit:
+        if info.file_size > limit or info.compress_size > self.length:
             raise CorruptCheckpointError(
                 f"record {name!r} claims {info.file_size} bytes", file=self.path, key=self.key
             )
@@ -211,7 +163,7 @@ class TorchArchive(StoredTensors):
             raise UnsupportedError(
                 f"storage record {name!r} is compressed", file=self.path, key=self.key
             )
-        self.f.seek(self.offset + info.header_offset)
+        self.f.seek(info.header_offset)
         header = self.f.read(_LOCAL_HEADER.size)
         if len(header) != _LOCAL_HEADER.size:
             raise CorruptCheckpointError(
@@ -222,23 +174,19 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"record {name!r} has a bad local header", file=self.path, key=self.key
             )
-        start = self.offset + info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-        if info.compress_size != info.file_size or start + info.file_size > self.end:
+        start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+        if info.compress_size != info.file_size or start + info.file_size > self.length:
             raise CorruptCheckpointError(
                 f"record {name!r} claims {info.file_size} bytes at byte {start}, past the end "
-                f"of the archive (byte {self.end})",
+                f"of the archive (byte {self.length})",
                 file=self.path,
                 key=self.key,
             )
         return Record(name, start, info.file_size)
 
-    @property
-    def end(self) -> int:
-        """The file offset just past the archive."""
-        return self.offset + self.length
 
-
-# What zipfile raises on damaged archives (NotImplementedError: an unknown zip version).
+# What zipfile raises on damaged archives (NotImplementedError: an unknown zip version;
+# RuntimeError: an encrypted member; zlib.error and LZMAError: broken compressed records).
 _ZIP_ERRORS = (
     zipfile.BadZipFile,
     OSError,
@@ -247,6 +195,9 @@ _ZIP_ERRORS = (
     struct.error,
     OverflowError,
     NotImplementedError,
+    RuntimeError,
+    zlib.error,
+    lzma.LZMAError,
 )
 
 
@@ -256,8 +207,10 @@ def _describe(exc: BaseException) -> str:
 
 def check_fits(record: Record, ref: TensorRef, *, file: str, key: str | None) -> None:
     """The tensor's elements must lie inside its storage, and the storage inside its record."""
-    if ref.storage_offset + _extent(ref) > ref.storage.numel or (
-        ref.storage.numel * ref.dtype.itemsize > record.size
+    storage = ref.storage
+    if storage is None or (
+        ref.storage_offset + ref.extent > storage.numel
+        or storage.numel * dtypes.itemsize(ref.dtype) > record.size
     ):
         raise CorruptCheckpointError(
             f"tensor {list(ref.shape)} at element {ref.storage_offset} does not fit storage "
@@ -268,7 +221,7 @@ def check_fits(record: Record, ref: TensorRef, *, file: str, key: str | None) ->
 
 
 def read_storage_tensor(
-    f: BinaryIO,
+    f: Stream,
     record: Record | None,
     ref: TensorRef,
     out: torch.Tensor | None = None,
@@ -276,62 +229,85 @@ def read_storage_tensor(
     file: str,
     key: str | None,
 ) -> torch.Tensor:
-    """Read ``ref``'s elements from ``record`` of ``f`` (``out`` is filled when it fits)."""
+    """Read ``ref``'s elements from ``record`` of ``f`` (``out`` is filled when it fits).
+
+    Only the elements the view spans are allocated: a stride-0 view (``expand``) of one
+    stored element is read as that element and expanded, not copied out."""
+    import torch
+
+    dtype = dtypes.to_torch(ref.dtype)
     if not math.prod(ref.shape):
-        return torch.empty(ref.shape, dtype=ref.dtype)
+        return torch.empty(ref.shape, dtype=dtype)
     if record is None or ref.storage is None:
         raise UnsupportedError("tensor was saved without data (meta tensor)", file=file, key=key)
     check_fits(record, ref, file=file, key=key)
-    start = record.start + ref.storage_offset * ref.dtype.itemsize
+    start = record.start + ref.storage_offset * dtypes.itemsize(ref.dtype)
     contiguous = ref.stride == contiguous_strides(ref.shape)
     if contiguous and out is not None and _fits(out, ref):
-        read_exact_into(f, start, empty_bytes_view(out), file=file, key=key)
+        read_exact_into(f, start, bytes_view(out), file=file, key=key)
         return out
-    buffer = torch.empty(math.prod(ref.shape) if contiguous else _extent(ref), dtype=ref.dtype)
-    read_exact_into(f, start, empty_bytes_view(buffer), file=file, key=key)
+    buffer = torch.empty(math.prod(ref.shape) if contiguous else ref.extent, dtype=dtype)
+    read_exact_into(f, start, bytes_view(buffer), file=file, key=key)
     if contiguous:
         return buffer.view(ref.shape)
     return buffer.as_strided(ref.shape, ref.stride)
 
 
-def materialize(value: Any, read: Callable[[TensorRef], torch.Tensor]) -> Any:
-    """Replace every TensorRef in ``value`` (containers, subclass attributes) by ``read(ref)``."""
+def materialize(value: Any, read: Callable[[TensorRef], Any]) -> Any:
+    """Replace every TensorRef in ``value`` (containers, subclass attributes) by ``read(ref)``,
+    and every dtype name a pickle gave by the ``torch.dtype``. Shared sub-objects are
+    materialised once and stay shared; cycles are kept as they are."""
+    done: dict[int, Any] = {}
+    return _materialize(value, read, done)
+
+
+def _materialize(value: Any, read: Callable[[TensorRef], Any], done: dict[int, Any]) -> Any:
+    if id(value) in done:
+        return done[id(value)]
     if isinstance(value, TensorRef):
-        return read(value)
+        result = done[id(value)] = read(value)
+        return result
+    if isinstance(value, DtypeName):
+        return dtypes.to_torch(str(value))
     if isinstance(value, SubclassRef):
-        attrs = {k: materialize(v, read) for k, v in value.attrs.items()}
-        data = read(value.data) if value.data is not None else None
-        return SubclassRef(value.cls, value.dtype, value.shape, attrs, data)
+        attrs = {k: _materialize(v, read, done) for k, v in value.attrs.items()}
+        data = read(value.data) if isinstance(value.data, TensorRef) else value.data
+        result = done[id(value)] = SubclassRef(value.cls, value.dtype, value.shape, attrs, data)
+        return result
     if isinstance(value, dict):
-        copy = value.copy()
-        for k, v in copy.items():
-            copy[k] = materialize(v, read)
+        copy = done[id(value)] = value.copy()
+        for k, v in value.items():
+            copy[k] = _materialize(v, read, done)
         return copy
-    if type(value) in (list, tuple):
-        return type(value)(materialize(v, read) for v in value)
+    if type(value) is list:
+        items: list[Any] = []
+        done[id(value)] = items
+        items.extend(_materialize(v, read, done) for v in value)
+        return items
+    if type(value) is tuple:
+        result = done[id(value)] = tuple(_materialize(v, read, done) for v in value)
+        return result
     return value
 
 
 def tensor_refs(value: Any) -> Iterator[TensorRef]:
-    """Every TensorRef that ``materialize`` would read, in the same order."""
-    if isinstance(value, TensorRef):
-        yield value
-    elif isinstance(value, SubclassRef):
-        for v in value.attrs.values():
-            yield from tensor_refs(v)
-        if value.data is not None:
-            yield value.data
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from tensor_refs(v)
-    elif type(value) in (list, tuple):
-        for v in value:
-            yield from tensor_refs(v)
-
-
-def _extent(ref: TensorRef) -> int:
-    """Elements spanned from the first to the last one (strides allowed)."""
-    return 1 + sum((n - 1) * s for n, s in zip(ref.shape, ref.stride, strict=True))
+    """Every distinct TensorRef that ``materialize`` would read, each once, in order
+    (a walk bounded by the decoded object's size, shared parts visited once)."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, TensorRef):
+            yield item
+        elif isinstance(item, SubclassRef):
+            stack.extend(reversed([*item.attrs.values(), item.data]))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif type(item) in (list, tuple):
+            stack.extend(reversed(item))
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -343,7 +319,11 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _fits(out: torch.Tensor, ref: TensorRef) -> bool:
-    return out.is_contiguous() and tuple(out.shape) == ref.shape and out.dtype == ref.dtype
+    return (
+        out.is_contiguous()
+        and tuple(out.shape) == ref.shape
+        and str(out.dtype).removeprefix("torch.") == ref.dtype
+    )
 
 
 def is_zip(head: bytes) -> bool:
@@ -365,12 +345,16 @@ _LENGTH = struct.Struct("<q")
 class LegacyArchive(StoredTensors):
     """A pre-1.6 torch.save file: pickles, then each storage as an int64 length and its bytes."""
 
-    def __init__(self, f: BinaryIO, path: str, length: int) -> None:
+    def __init__(self, f: Stream, path: str, length: int) -> None:
         self.f, self.path, self.key = f, path, None
-        pickles = WindowReader(FileWindow(f, 0, length))
-        self._value, storages = safe_pickle.load_legacy_torch(pickles, file=path)
+        f.seek(0)
+        reader = WindowReader(f, length)  # type: ignore[arg-type]
+        try:
+            self._value, storages = safe_pickle.load_legacy_torch(reader, file=path)
+            position = reader.tell()
+        finally:
+            reader.detach()  # the window stays open: its owner closes it
         self._records: dict[str, Record | str] = {}
-        position = pickles.tell()
         for storage in storages:
             record = self._walk(storage, position, length)
             self._records[storage.key] = record
@@ -396,7 +380,7 @@ class LegacyArchive(StoredTensors):
                 f"{storage.numel} in the pickle"
             )
         start = position + _LENGTH.size
-        size = numel * storage.dtype.itemsize
+        size = numel * dtypes.itemsize(storage.dtype)
         if start + size > length:
             return f"storage {storage.key!r} ends at byte {start + size}, past the end of the file"
         return Record(f"storage {storage.key}", start, size)

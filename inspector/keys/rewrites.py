@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inspector.keys.components import (
+from inspector.keys.spellings import (
     MODEL_PREFIX,
     MODEL_PREFIX_ORIGIN,
     WRAPPER_ORIGINS,
@@ -169,7 +169,8 @@ def suggest(
         s = _score(ours, theirs, renamed)
         return Suggestion(steps, base - mismatches(s), mismatches(s), s.shape_mismatches), renamed
 
-    singles = {step: evaluate((step,)) for step in (*prefix_steps, *wrapper_steps)}
+    all_steps: list[Step] = [*prefix_steps, *wrapper_steps]
+    singles = {step: evaluate((step,)) for step in all_steps}
     found = list(singles.values())
     for p, w in itertools.product(prefix_steps, wrapper_steps):
         both = evaluate((p, w))

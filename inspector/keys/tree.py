@@ -13,21 +13,19 @@ from typing import Any, NamedTuple
 from inspector.entry import Entry
 from inspector.errors import MissingKeyError
 from inspector.gc_pause import paused_gc
-from inspector.keys.components import VIEWS, view_key
+from inspector.keys.spellings import VIEWS, view_key
 
 # Shared, never mutated: most nodes are leaves or hold no entry of their own.
 _NO_CHILDREN: dict[str, KeyNode] = {}
 _NONE: list[int] = []
-# Names of dtypes (and of kinds, for entries without one) as totals show them.
-_TOTALS_NAMES: dict[object, str] = {}
 # Grouping this many rows allocates enough to set off full collections of a large heap.
 _PAUSE_GC_ABOVE = 1000
 
 
 class Totals(NamedTuple):
-    """How many entries, elements and bytes."""
+    """How many entries, elements and bytes (a tuple: ``count, numel, nbytes = totals``)."""
 
-    count: int = 0
+    count: int = 0  # type: ignore[assignment]  # shadows tuple.count, as namedtuples may
     numel: int = 0
     nbytes: int = 0
 
@@ -110,7 +108,7 @@ class KeyNode:
             return
         sums: dict[str, list[int]] = {}
         for child in children.values():
-            for dtype, t in child._by_dtype.items():
+            for dtype, t in child.by_dtype.items():
                 acc = sums.get(dtype)
                 if acc is None:
                     sums[dtype] = [t.count, t.numel, t.nbytes]
@@ -258,11 +256,7 @@ class KeyNode:
 
 def sized(entry: Entry) -> tuple[str, int, int]:
     """(dtype, or "object" / "unknown" without one; numel; nbytes): what totals count."""
-    kind = entry.dtype or entry.kind
-    name = _TOTALS_NAMES.get(kind)
-    if name is None:
-        name = entry.dtype_name or ("object" if entry.kind == "object" else "unknown")
-        _TOTALS_NAMES[kind] = name
+    name = entry.dtype or ("object" if entry.kind == "object" else "unknown")
     return name, entry.numel, entry.nbytes
 
 

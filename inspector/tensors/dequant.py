@@ -114,7 +114,9 @@ def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return grid.reshape(row_blocks * 128, col_blocks * 4)[:rows, :cols]
 
 
-def _unswizzle(scale: torch.Tensor, shape: tuple[int, ...], block: int, transposed: bool):
+def _unswizzle(
+    scale: torch.Tensor, shape: tuple[int, ...], block: int, transposed: bool
+) -> torch.Tensor:
     lead = shape[:-2]
     rows, cols = (shape[-1], shape[-2]) if transposed else (shape[-2], shape[-1])
     if transposed:

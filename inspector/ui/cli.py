@@ -13,7 +13,10 @@ from typing import Any
 
 import inspector
 from inspector.errors import InspectorError
-from inspector.ui.views.text import human_bytes, shape_text
+from inspector.exporting.fp8 import FP8_MODES
+from inspector.exporting.plan import DEFAULT_SHARD_SIZE, EXPORT_FORMATS
+from inspector.keys.spellings import VIEWS
+from inspector.ui.views.text import human_bytes, shape_text, value_text
 
 CHECK_HELP = """\
 Compare the checkpoint's model keys with a model or another checkpoint, explain the
@@ -46,33 +49,29 @@ def cmd_ls(args: argparse.Namespace) -> int:
     entries = ck.entries()
     if args.json:
         payload = {
-            "path": str(ck.path),
+            "path": ck.location,
             "format": ck.format,
+            "producer": ck.producer,
             "layout": ck.layout,
             "source_files": list(ck.source_files),
             "notes": list(ck.source.notes),
             "metadata": ck.metadata,
-            "entries": [e.as_dict() for e in entries],
+            "entries": ck.records(),
         }
         json.dump(payload, sys.stdout, indent=1)
         print()
         return 0
-    print(f"{ck.path}  format={ck.format}  layout={ck.layout}  keys={len(entries)}")
-    extra = any(e.subclass or e.fp8 for e in entries)
+    print(f"{ck.location}  format={ck.format}  layout={ck.layout}  keys={len(entries)}")
+    facts = [ck.facts(e.key) for e in entries]
+    extra = any(f.subclass or f.fp8 for f in facts)
     header = ["key", "dtype", "shape", "chunks", "size"] + (["subclass", "fp8"] if extra else [])
     rows = []
-    for e in entries:
-        row = [
-            e.key,
-            e.dtype_name or e.kind,
-            shape_text(e),
-            str(len(e.chunks)),
-            human_bytes(e.nbytes),
-        ]
+    for e, f in zip(entries, facts, strict=True):
+        row = [e.key, e.dtype or e.kind, shape_text(e), str(len(e.chunks)), human_bytes(e.nbytes)]
         if extra:
-            row += [e.subclass or "", e.fp8 or ""]
-        if e.error:
-            row[0] = f"{e.key}  [unreadable: {e.error}]"
+            row += [f.subclass or "", f.fp8 or ""]
+        if f.error:
+            row[0] = f"{e.key}  [unreadable: {f.error}]"
         rows.append(row)
     _print_table(rows, header)
     return 0
@@ -81,34 +80,36 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     ck = inspector.open(args.path)
     entry = ck.entry(args.key)
-    ck.inspect_subclass(args.key)
+    ck.detection(args.key)
     if entry.kind == "object":
         print(f"{entry.key}: object ({entry.component})")
-        print(repr(ck.read_object(args.key)))
+        print(value_text(ck.read_object(args.key)))
         return 0
     tensor = ck.read(args.key)
+    facts = ck.facts(args.key)
     print(f"{entry.key}: tensor ({entry.component})")
-    print(f"  dtype    {entry.dtype_name}")
-    print(f"  shape    {list(entry.shape)}  ({entry.numel} elements, {human_bytes(entry.nbytes)})")
+    print(f"  dtype    {entry.dtype}")
+    size = human_bytes(entry.nbytes)
+    print(f"  shape    {list(entry.shape or ())}  ({entry.numel} elements, {size})")
     print(f"  chunks   {len(entry.chunks)} in {', '.join(entry.files)}")
     for chunk in entry.chunks[: args.chunks]:
         print(
             f"           offsets {list(chunk.offsets)} sizes {list(chunk.sizes)} "
             f"{chunk.file}@{chunk.byte_offset}"
         )
-    if entry.subclass:
-        print(f"  subclass {entry.subclass}")
-    if entry.fp8:
-        print(f"  fp8      {entry.fp8}")
+    if facts.subclass:
+        print(f"  subclass {facts.subclass}")
+    if facts.fp8:
+        print(f"  fp8      {facts.fp8}")
     flat = tensor.reshape(-1)[: args.values]
     print(f"  values   {_format_values(flat)}{' ...' if tensor.numel() > args.values else ''}")
     return 0
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from inspector.analysis import diff as compare
+    from inspector.analysis.diff import summarize
 
-    table = compare.diff(
+    table = inspector.diff(
         args.a,
         args.b,
         values=not args.keys_only,
@@ -118,7 +119,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         progress=False,
     )
     equal = bool(table["equal"].all())
-    summary = compare.summarize(table)
+    summary = summarize(table)
     if args.json:
         rows = json.loads(table.to_json(orient="records"))
         json.dump(
@@ -151,14 +152,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from inspector.exporting.options import parse_dtype
-    from inspector.exporting.run import export
-
-    result = export(
+    result = inspector.export(
         args.path,
         args.out,
         format=args.format,
-        dtype=parse_dtype(args.dtype),
+        dtype=args.dtype or None,
         fp8=args.fp8,
         model_only=not args.all_components,
         flatten=not args.keep_prefix,
@@ -191,11 +189,11 @@ def _format_values(flat: Any) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from inspector.analysis import fqn as doctor
+    from inspector.analysis.fqn import resolve_against
 
     sys.path.insert(0, os.getcwd())  # as with `python -m`: the user's own modules import
-    against = doctor.resolve_against(args.against, device=args.device)
-    report = doctor.check_keys(args.path, against, spelling=args.spelling)
+    against = resolve_against(args.against, device=args.device)
+    report = inspector.check_keys(args.path, against, spelling=args.spelling)
     passed = report.loadable if args.ignore_dtype else report.ok
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=1)
@@ -279,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument(
         "--spelling",
-        choices=("stored", "flattened", "prefixed"),
+        choices=VIEWS,
         help="how to spell the checkpoint's model keys (default: stored for DCP, else flattened)",
     )
     check.add_argument(
@@ -294,10 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="write plain .safetensors (HF-sharded) or .pt, streaming")
     exp.add_argument("path")
     exp.add_argument("out", help="safetensors: a folder (or *.safetensors); pt: the file")
-    exp.add_argument("--format", choices=("safetensors", "pt"), default="safetensors")
+    exp.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0])
     exp.add_argument("--dtype", help="cast floating tensors, e.g. bfloat16")
-    exp.add_argument("--fp8", choices=("dequantize", "unwrap", "keep"), default="dequantize")
-    exp.add_argument("--max-shard-size", default="5GB", help="e.g. 5GB (decimal), 500MiB")
+    exp.add_argument("--fp8", choices=FP8_MODES, default=FP8_MODES[0])
+    exp.add_argument(
+        "--max-shard-size", default=DEFAULT_SHARD_SIZE, help="e.g. 5GB (decimal), 500MiB"
+    )
     exp.add_argument("--keep-prefix", action="store_true", help="keep the 'model.' prefix")
     exp.add_argument("--all-components", action="store_true", help="not only the model")
     exp.add_argument("--nested", action="store_true", help="pt: keep the stored nesting")

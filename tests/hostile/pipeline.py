@@ -15,8 +15,9 @@ from typing import Any
 
 import inspector
 from inspector.checkpoint import Checkpoint
+from inspector.dtypes import name_of
 from inspector.errors import InspectorError
-from inspector.exporting.writers import SAFETENSORS_NAMES
+from inspector.formats.safetensors import SAFETENSORS_NAMES
 
 
 @dataclass
@@ -61,7 +62,7 @@ def read_every_entry(probe: Probe, ck: Checkpoint) -> dict[str, InspectorError]:
         if error is not None:
             errors[key] = error
         elif entry.kind == "tensor":
-            assert (value.dtype, tuple(value.shape)) == (entry.dtype, entry.shape), key
+            assert (name_of(value.dtype), tuple(value.shape)) == (entry.dtype, entry.shape), key
     return errors
 
 

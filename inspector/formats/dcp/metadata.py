@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from inspector.formats.safe_pickle.records import Allowed, FrozenClass
+
 # torch's TensorProperties pickles its memory format as this enum's value (0, 1, 2).
 MEMORY_FORMATS = ("contiguous_format", "channels_last", "preserve_format")
 
 
-class _Record:
-    """Fields arrive through pickle's BUILD (``__dict__`` update); defaults are class attributes."""
+class _Record(metaclass=FrozenClass):
+    """Fields arrive through pickle's BUILD (``__dict__`` update of the instance); defaults
+    are class attributes, which no pickle can change (see FrozenClass)."""
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -91,7 +94,7 @@ class StorageInfo(_Record):
     transform_descriptors: Any = None
 
 
-def memory_format_code(value: Any) -> Any:
+def _memory_format_code(value: Any) -> Any:
     """``_MEM_FORMAT_ENCODING(value)``: the enum member is kept as its plain value."""
     if value not in (0, 1, 2):
         raise ValueError(f"unknown memory format encoding {value!r}")
@@ -110,6 +113,8 @@ CLASSES = {
         StorageMeta,
     )
 } | {
-    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): memory_format_code,
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): Allowed(
+        _memory_format_code, "_MEM_FORMAT_ENCODING"
+    ),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): StorageInfo,
 }

@@ -13,28 +13,29 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry, layout_problem
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
 from inspector.formats import safe_pickle
-from inspector.formats.base import ChunkValue, file_sizes, resolve_inside
-from inspector.formats.dcp.metadata import BytesStorageMetadata, TensorStorageMetadata
-from inspector.formats.safe_pickle import SubclassRef, TensorRef
-from inspector.formats.safetensors import (
-    Header,
-    plain_description,
-    read_header,
-    read_span,
-)
+from inspector.formats.base import ChunkValue, file_sizes
+from inspector.formats.dcp.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+from inspector.formats.safe_pickle import DtypeName, SubclassRef, TensorRef, UnknownDtype
+from inspector.formats.safetensors import Header, plain_description, read_header, read_span
 from inspector.formats.torch_archive import TorchArchive, is_zip
+from inspector.reprs import bounded_repr
+from inspector.storage.base import ByteRange, Storage, Stream
+
+if TYPE_CHECKING:
+    import torch
 
 METADATA_FILE = ".metadata"
+_RANK_METADATA = re.compile(r"__(\d+)\.metadata$")
+_RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp$")
 _ZSTD = "stream.zstd/1"
 _TRANSFORM_SLACK = 1 << 20
 # zstd's densest encoding (RLE blocks) stores 128 KiB in 4 bytes: no genuine compressed item
@@ -42,138 +43,149 @@ _TRANSFORM_SLACK = 1 << 20
 _MAX_ZSTD_RATIO = 1 << 15
 
 
-def metadata_files(root: Path) -> list[Path]:
+def metadata_files(storage: Storage, folder: str = "") -> list[str]:
     """``.metadata``, or the per-rank ``__<r>.metadata`` files written without collectives."""
-    main = root / METADATA_FILE
-    if main.is_file():
-        return [main]
-    return sorted(root.glob("__*" + METADATA_FILE), key=lambda p: p.name)
+    try:
+        listed = storage.list(folder)
+    except InspectorError:
+        return []
+    names = {name for name, kind in listed if kind == "file"}
+    if METADATA_FILE in names:
+        return [METADATA_FILE]
+    return sorted(
+        (n for n in names if _RANK_METADATA.fullmatch(n)),
+        key=lambda n: int(_RANK_METADATA.fullmatch(n).group(1)),  # type: ignore[union-attr]
+    )
 
 
-def is_dcp_dir(root: Path) -> bool:
-    return root.is_dir() and bool(metadata_files(root))
+def is_dcp_dir(storage: Storage) -> bool:
+    return storage.kind() == "dir" and bool(metadata_files(storage))
 
 
 class DcpSource:
     """A DCP checkpoint folder: metadata at open, chunk byte ranges on demand."""
 
-    format = "dcp"
+    producer = "unknown"
+    name = ""
+    key_matching = "stored"  # DCP's loader matches keys as stored
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._files: dict[str, Path] = {}
-        files = metadata_files(root)
-        self.metadata_path = files[0] if files else root / METADATA_FILE
-        raw = (
-            _merge([_read_metadata(p) for p in files])
-            if files
-            else _read_metadata(self.metadata_path)
-        )
-        self.notes = (
-            f"{self.metadata_path.name} found: torch.distributed.checkpoint (DCP) folder",
-        )
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        files = metadata_files(storage) or [METADATA_FILE]
+        self.metadata_name = files[0]
+        referrer = storage.describe(self.metadata_name)
+        raw = _merge([_read_metadata(storage, name) for name in files], referrer)
+        notes = [f"{self.metadata_name} found: torch.distributed.checkpoint (DCP) folder"]
+        if len(files) > 1:
+            notes.append(f"{len(files)} per-rank metadata files (saved without collectives)")
         self.nesting = (
             "DCP planner_data"
             if isinstance(raw.planner_data, dict)
             else "key names (no planner_data)"
         )
-        self._entries = _entries(raw, root, self.metadata_path)
-        self._safetensors = _place_safetensors_chunks(root, self._entries)
-        _check_items(self._entries, self._safetensors, self.metadata_path.name)
+        entries = _entries(raw, storage, referrer)
+        entries, self._safetensors = _place_safetensors_chunks(storage, entries)
+        self._entries = _check_items(entries, self._safetensors, self.metadata_name)
+        self.format = "dcp-safetensors" if self._safetensors else "dcp"
         if self._safetensors:
-            self.format = "dcp-safetensors"
-            self.notes += (
+            notes.append(
                 ".distcp files hold safetensors data (serialization_format=SAFETENSORS): "
-                "tensor byte ranges taken from their headers",
+                "tensor byte ranges taken from their headers"
             )
-        self.source_files = tuple(
-            [p.name for p in files] + sorted({f for e in self._entries for f in e.files})
-        )
-        storage_meta = getattr(raw, "storage_meta", None)
-        self.metadata = {"version": str(getattr(raw, "version", None))}
-        if storage_meta is not None and getattr(storage_meta, "checkpoint_id", None) is not None:
-            self.metadata["saved_to"] = str(storage_meta.checkpoint_id)
+        self.notes = tuple(notes)
+        data_files = sorted({f for e in self._entries for f in e.files})
+        self.source_files = (*files, *data_files)
+        ranks = {m.group(1) for f in data_files if (m := _RANK_FILE.fullmatch(f))}
+        ranks |= {m.group(1) for f in files if (m := _RANK_METADATA.fullmatch(f))}
+        self.ranks = len(ranks) or None
+        self.metadata = {"version": _text(getattr(raw, "version", None))}
+        checkpoint_id = getattr(getattr(raw, "storage_meta", None), "checkpoint_id", None)
+        if checkpoint_id is not None:
+            self.metadata["saved_to"] = _text(checkpoint_id)
 
     def entries(self) -> list[Entry]:
         return self._entries
 
-    def _file(self, name: str, key: str) -> Path:
-        """``root / name`` checked to stay inside the folder (cached: scans touch every chunk)."""
-        path = self._files.get(name)
-        if path is None:
-            path = resolve_inside(self.root, name, referrer=self.metadata_path, key=key)
-            self._files[name] = path
-        return path
+    def _name(self, chunk: ChunkInfo, key: str) -> str:
+        """The chunk's file, checked to stay inside the folder (cached by the storage)."""
+        return self.storage.check(chunk.file, referrer=self.metadata_name, key=key)
 
     @contextmanager
-    def _item(self, entry: Entry, chunk: ChunkInfo):
-        """The chunk's stored bytes as a seekable stream positioned for a TorchArchive."""
-        path = self._file(chunk.file, entry.key)
-        with open(path, "rb") as f:
-            if not chunk.transforms:
-                yield f, chunk.byte_offset, chunk.byte_length, str(path)
-                return
-            data = _untransform(f, chunk, entry, str(path))
-            yield io.BytesIO(data), 0, len(data), str(path)
+    def _item(self, entry: Entry, chunk: ChunkInfo) -> Iterator[tuple[Stream, int, str]]:
+        """The chunk's stored bytes as a bounded stream (its length and the file's label)."""
+        name = self._name(chunk, entry.key)
+        label = self.storage.describe(name)
+        if chunk.transforms:
+            data = _untransform(self.storage, name, chunk, entry)
+            yield io.BytesIO(data), len(data), label
+            return
+        with self.storage.window(name, chunk.byte_offset, chunk.byte_length) as window:
+            yield window, chunk.byte_length, label
 
-    def _archive(self, f: BinaryIO, offset: int, length: int, path: str, key: str) -> TorchArchive:
-        f.seek(offset)
+    def _archive(
+        self, f: Stream, length: int, label: str, chunk: ChunkInfo, key: str
+    ) -> TorchArchive:
         if not is_zip(f.read(4)):
             raise CorruptCheckpointError(
-                f"no torch.save archive at byte {offset} (wrong offset, or a safetensors .distcp)",
-                file=path,
+                f"no torch.save archive at byte {chunk.byte_offset} "
+                "(wrong offset, or a safetensors .distcp)",
+                file=label,
                 key=key,
             )
-        return TorchArchive(f, path, offset, length, key)
+        f.seek(0)
+        return TorchArchive(f, label, length, key)
 
     def read_chunk(self, entry: Entry, index: int, out: torch.Tensor | None = None) -> ChunkValue:
         chunk = entry.chunks[index]
+        dtype = _dtype(entry)
         if chunk.file in self._safetensors:
-            path = self._file(chunk.file, entry.key)
-            return read_span(path, chunk, entry.dtype, out, key=entry.key)
-        with self._item(entry, chunk) as (f, offset, length, path):
-            archive = self._archive(f, offset, length, path, entry.key)
+            return read_span(
+                self.storage, self._name(chunk, entry.key), chunk, dtype, out, key=entry.key
+            )
+        with self._item(entry, chunk) as (f, length, label):
+            archive = self._archive(f, length, label, chunk, entry.key)
             value = archive.load()
             if isinstance(value, SubclassRef):
-                value = archive.materialize(value)
-                _check_shape(value.shape, chunk, entry, path)
-                return value
+                _check_shape(value.shape, chunk, entry, label)
+                return archive.materialize(value)
             if not isinstance(value, TensorRef):
                 raise CorruptCheckpointError(
                     f"chunk at {list(chunk.offsets)} holds a {type(value).__name__}, not a tensor",
-                    file=path,
+                    file=label,
                     key=entry.key,
                 )
-            _check_shape(value.shape, chunk, entry, path)
-            if value.dtype != entry.dtype:
+            _check_shape(value.shape, chunk, entry, label)
+            if value.dtype != dtype:
                 raise CorruptCheckpointError(
-                    f"chunk dtype {value.dtype} differs from metadata dtype {entry.dtype}",
-                    file=path,
+                    f"chunk dtype {value.dtype} differs from metadata dtype {dtype}",
+                    file=label,
                     key=entry.key,
                 )
             return archive.read_tensor(value, out)
 
     def read_object(self, entry: Entry) -> Any:
         chunk = entry.chunks[0]
-        with self._item(entry, chunk) as (f, offset, length, path):
-            f.seek(offset)
+        with self._item(entry, chunk) as (f, length, label):
             if not is_zip(f.read(4)):
-                f.seek(offset)
+                f.seek(0)
                 return f.read(length)
-            archive = TorchArchive(f, path, offset, length, entry.key)
+            f.seek(0)
+            archive = TorchArchive(f, label, length, entry.key)
             return archive.materialize(archive.load())
 
-    def chunk_bytes(self, entry: Entry, index: int) -> tuple[Path, int] | None:
+    def chunk_bytes(self, entry: Entry, index: int) -> ByteRange | None:
         chunk = entry.chunks[index]
-        path = self._file(chunk.file, entry.key)
+        name = self._name(chunk, entry.key)
         if chunk.file in self._safetensors:
-            return path, chunk.byte_offset
+            return ByteRange(self.storage, name, chunk.byte_offset, chunk.byte_length)
         if chunk.transforms:
             return None
-        start = self._on_archive(
-            entry, index, lambda a: a.contiguous_start(chunk.sizes, entry.dtype)
-        )
-        return None if start is None else (path, start)
+        dtype = _dtype(entry)
+        start = self._on_archive(entry, index, lambda a: a.contiguous_start(chunk.sizes, dtype))
+        if start is None:
+            return None
+        length = chunk.numel * dtypes.itemsize(dtype)
+        return ByteRange(self.storage, name, chunk.byte_offset + start, length)
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         if entry.chunks[index].file in self._safetensors:
@@ -188,171 +200,183 @@ class DcpSource:
     def _on_archive(self, entry: Entry, index: int, method: Callable[[TorchArchive], Any]) -> Any:
         """``method`` applied to chunk ``index``'s archive; only its small records are read."""
         chunk = entry.chunks[index]
-        with self._item(entry, chunk) as (f, offset, length, path):
-            return method(self._archive(f, offset, length, path, entry.key))
+        with self._item(entry, chunk) as (f, length, label):
+            return method(self._archive(f, length, label, chunk, entry.key))
 
 
-def _place_safetensors_chunks(root: Path, entries: list[Entry]) -> set[str]:
-    """For a SAFETENSORS-format save, point tensor chunks at their bytes; return those files.
+def _dtype(entry: Entry) -> str:
+    if entry.dtype is None:
+        raise CorruptCheckpointError("has no dtype", key=entry.key)
+    return entry.dtype
 
-    Judged by content: the first tensor chunk's bytes start a safetensors header, not a zip.
-    """
+
+def _text(value: Any) -> str:
+    """A metadata value as text, bounded (a lying file can hold a 5000-digit int)."""
+    return bounded_repr(value, 200) if not isinstance(value, str) else value[:200]
+
+
+# --- safetensors-format saves ---------------------------------------------------------------
+
+
+def _place_safetensors_chunks(
+    storage: Storage, entries: list[Entry]
+) -> tuple[list[Entry], set[str]]:
+    """For a SAFETENSORS-format save, point tensor chunks at their bytes and return those
+    files. Judged by content: the first tensor chunk's bytes start a safetensors header."""
     tensors = [e for e in entries if e.kind == "tensor" and e.chunks and not e.error]
-    if not tensors or not _safetensors_at(root, tensors[0].chunks[0]):
-        return set()
-    by_file: dict[str, list[tuple[Entry, int]]] = {}
+    if not tensors or not _safetensors_at(storage, tensors[0].chunks[0]):
+        return entries, set()
+    by_file: dict[str, list[Entry]] = {}
     for entry in tensors:
-        for index, chunk in enumerate(entry.chunks):
-            by_file.setdefault(chunk.file, []).append((entry, index))
-    for name, items in by_file.items():
+        for chunk in entry.chunks:
+            by_file.setdefault(chunk.file, []).append(entry)
+    headers: dict[str, Header | str] = {}
+    for name, users in by_file.items():
         try:
-            header = _blob_header(root, name, {e.chunks[i].byte_offset for e, i in items})
+            starts = {c.byte_offset for e in users for c in e.chunks if c.file == name}
+            headers[name] = _blob_header(storage, name, starts)
         except InspectorError as exc:
-            for entry, _ in items:
-                entry.error = entry.error or exc.located
-            continue
-        for entry, index in items:
-            _place(entry, index, header)
-    return set(by_file)
+            headers[name] = exc.located
+    placed = {id(e) for e in tensors}
+    return [_placed(e, headers) if id(e) in placed else e for e in entries], set(by_file)
 
 
-def _safetensors_at(root: Path, chunk: ChunkInfo) -> bool:
+def _safetensors_at(storage: Storage, chunk: ChunkInfo) -> bool:
     """Whether the chunk's bytes start a safetensors header: a JSON object after the 8-byte
     length (a damaged length is reported when the header is read, not taken for a zip)."""
     try:
-        with open(resolve_inside(root, chunk.file, referrer=root, key=None), "rb") as f:
-            f.seek(chunk.byte_offset)
-            head = f.read(9)
-    except (InspectorError, OSError):
+        name = storage.check(chunk.file, referrer=storage.location)
+        head = storage.read(name, chunk.byte_offset, 9)
+    except InspectorError:
         return False
     return not is_zip(head) and head[8:9] == b"{"
 
 
-def _blob_header(root: Path, name: str, starts: set[int]) -> Header:
-    path = resolve_inside(root, name, referrer=root, key=None)
+def _blob_header(storage: Storage, name: str, starts: set[int]) -> Header:
+    checked = storage.check(name, referrer=storage.location)
     if len(starts) != 1:
         raise CorruptCheckpointError(
             f"tensor chunks of {name} point at {len(starts)} different bytes, "
             "not at one safetensors header",
-            file=path,
+            file=storage.describe(checked),
         )
-    with open(path, "rb") as f:
-        return read_header(f, file=str(path), offset=starts.pop())
+    return read_header(storage, checked, offset=starts.pop())
 
 
-def _place(entry: Entry, index: int, header: Header) -> None:
-    """Give chunk ``index`` the byte range the safetensors header records for the key."""
-    chunk = entry.chunks[index]
-    span = header.tensors.get(entry.key)
-    if span is None or span.error:
-        entry.error = entry.error or (
-            span.error if span else f"{chunk.file} does not hold this key's chunk"
-        )
-    elif span.dtype != entry.dtype or span.shape != chunk.sizes:
-        entry.error = entry.error or (
-            f"{chunk.file} stores {span.dtype} {list(span.shape)}, "
-            f"metadata says {entry.dtype} {list(chunk.sizes)}"
-        )
-    else:
-        chunks = list(entry.chunks)
-        chunks[index] = dataclasses.replace(chunk, byte_offset=span.start, byte_length=span.length)
-        entry.chunks = tuple(chunks)
+def _placed(entry: Entry, headers: dict[str, Header | str]) -> Entry:
+    """The entry with each chunk given the byte range its file's header records for the key."""
+    chunks = []
+    for chunk in entry.chunks:
+        header = headers[chunk.file]
+        if isinstance(header, str):
+            return dataclasses.replace(entry, error=header)
+        span = header.tensors.get(entry.key)
+        if span is None or span.error:
+            problem = span.error if span else f"{chunk.file} does not hold this key's chunk"
+            return dataclasses.replace(entry, error=problem)
+        if span.dtype != entry.dtype or span.shape != chunk.sizes:
+            return dataclasses.replace(
+                entry,
+                error=f"{chunk.file} stores {span.dtype} {list(span.shape or ())}, "
+                f"metadata says {entry.dtype} {list(chunk.sizes)}",
+            )
+        chunks.append(chunk._replace(byte_offset=span.start, byte_length=span.length))
+    return dataclasses.replace(entry, chunks=tuple(chunks))
 
 
-def _check_shape(shape: tuple[int, ...], chunk: ChunkInfo, entry: Entry, path: str) -> None:
+def _check_shape(shape: tuple[int, ...], chunk: ChunkInfo, entry: Entry, label: str) -> None:
     if tuple(shape) != chunk.sizes:
         raise CorruptCheckpointError(
             f"chunk at {list(chunk.offsets)} stores shape {list(shape)}, "
             f"metadata says {list(chunk.sizes)}",
-            file=path,
+            file=label,
             key=entry.key,
         )
 
 
-def _untransform(f: BinaryIO, chunk: ChunkInfo, entry: Entry, path: str) -> bytes:
+def _untransform(storage: Storage, name: str, chunk: ChunkInfo, entry: Entry) -> bytes:
+    label = storage.describe(name)
     if list(chunk.transforms) != [_ZSTD]:
         raise UnsupportedError(
-            f"unknown stream transforms {list(chunk.transforms)}", file=path, key=entry.key
+            f"unknown stream transforms {list(chunk.transforms)}", file=label, key=entry.key
         )
     try:
         import zstandard
     except ImportError as exc:
         raise UnsupportedError(
             "chunk is zstd-compressed; install the 'zstandard' package to read it",
-            file=path,
+            file=label,
             key=entry.key,
         ) from exc
-    limit = math.prod(chunk.sizes) * (entry.dtype.itemsize if entry.dtype else 1) + _TRANSFORM_SLACK
-    f.seek(chunk.byte_offset)
-    compressed = f.read(chunk.byte_length)
+    limit = chunk.numel * (dtypes.itemsize(entry.dtype) if entry.dtype else 1) + _TRANSFORM_SLACK
+    compressed = storage.read(name, chunk.byte_offset, chunk.byte_length)
     try:
         data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(compressed)).read(limit + 1)
     except zstandard.ZstdError as exc:
         raise CorruptCheckpointError(
-            f"zstd data is damaged ({exc})", file=path, key=entry.key
+            f"zstd data is damaged ({exc})", file=label, key=entry.key
         ) from exc
     if len(data) > limit:
         raise CorruptCheckpointError(
-            "zstd data expands beyond the chunk's size", file=path, key=entry.key
+            "zstd data expands beyond the chunk's size", file=label, key=entry.key
         )
     return data
 
 
-def _read_metadata(path: Path) -> Any:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        from inspector.errors import CheckpointFileMissingError
-
-        raise CheckpointFileMissingError("DCP metadata file is missing", file=path) from exc
-    return safe_pickle.load_metadata(data, file=str(path))
+# --- metadata --------------------------------------------------------------------------------
 
 
-def _merge(parts: list[Any]) -> Any:
+def _read_metadata(storage: Storage, name: str) -> Metadata:
+    data = storage.read(name)
+    metadata = safe_pickle.load_metadata(data, file=storage.describe(name))
+    for table in ("state_dict_metadata", "storage_data"):
+        if not isinstance(getattr(metadata, table, None), dict):
+            raise CorruptCheckpointError(
+                f"metadata has no {table} table", file=storage.describe(name)
+            )
+    return metadata
+
+
+def _merge(parts: list[Metadata], referrer: str) -> Metadata:
     """Union of per-rank metadata files (``__<r>.metadata``); one file is returned as is."""
-    if len(parts) == 1:
-        return parts[0]
     merged = parts[0]
     for part in parts[1:]:
         for key, md in part.state_dict_metadata.items():
             mine = merged.state_dict_metadata.setdefault(key, md)
-            if mine is not md and hasattr(mine, "chunks"):
+            if mine is not md and isinstance(mine, TensorStorageMetadata):
+                if not (
+                    isinstance(mine.chunks, list) and isinstance(getattr(md, "chunks", None), list)
+                ):
+                    raise CorruptCheckpointError(
+                        f"per-rank chunk lists of {key!r} are malformed", file=referrer
+                    )
                 mine.chunks.extend(md.chunks)
-        if isinstance(part.storage_data, dict):
-            merged.storage_data.update(part.storage_data)
+        merged.storage_data.update(part.storage_data)
         if isinstance(part.planner_data, dict) and isinstance(merged.planner_data, dict):
             merged.planner_data.update(part.planner_data)
     return merged
 
 
-def _entries(md: Any, root: Path, metadata_path: Path) -> list[Entry]:
-    state = getattr(md, "state_dict_metadata", None)
-    if not isinstance(state, dict):
-        raise CorruptCheckpointError(
-            "metadata has no state_dict_metadata table", file=metadata_path
-        )
+def _entries(md: Metadata, storage: Storage, referrer: str) -> list[Entry]:
     planner = md.planner_data if isinstance(md.planner_data, dict) else None
-    storage = _storage_by_key(md.storage_data, metadata_path)
-    sizes = file_sizes(
-        root,
-        {
-            info.relative_path
-            for per in storage.values()
-            for info in per.values()
-            if isinstance(getattr(info, "relative_path", None), str)
-        },
-        referrer=metadata_path,
-    )
+    storage_by_key = _storage_by_key(md.storage_data)
+    names = {
+        info.relative_path
+        for per in storage_by_key.values()
+        for info in per.values()
+        if isinstance(getattr(info, "relative_path", None), str)
+    }
+    sizes = file_sizes(storage, names, referrer=referrer)
+    source = referrer.rsplit("/", 1)[-1]
     entries = []
-    source = metadata_path.name
-    for key, item in state.items():
+    for key, item in md.state_dict_metadata.items():
         if not isinstance(key, str):
             raise CorruptCheckpointError(
-                f"metadata key {key!r} is not a string", file=metadata_path
+                f"metadata key {_text(key)} is not a string", file=referrer
             )
-        nested = _nested_path(key, planner)
-        where = storage.get(key, {})
+        where = storage_by_key.get(key, {})
         try:
+            nested = _nested_path(key, planner)
             if isinstance(item, TensorStorageMetadata):
                 entries.append(_tensor_entry(key, item, nested, where, sizes, source))
             elif isinstance(item, BytesStorageMetadata):
@@ -360,23 +384,26 @@ def _entries(md: Any, root: Path, metadata_path: Path) -> list[Entry]:
             else:
                 raise TypeError(f"unknown storage metadata {type(item).__name__}")
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            entries.append(
-                Entry(key, "object", nested_path=nested, error=f"malformed {source} ({exc})")
-            )
+            entries.append(Entry(key, "object", error=f"malformed {source} ({_text(str(exc))})"))
     return entries
 
 
 def _nested_path(key: str, planner: dict | None) -> tuple:
-    """The key's path from planner_data; () when the planner kept none (guessed later)."""
+    """The key's path from planner_data; () when the planner kept none (guessed later).
+    Path elements must be strings or small ints (a lying file can hold anything there)."""
     if planner is None:
         return ()
     path = planner.get(key)
-    return tuple(path) if isinstance(path, (tuple, list)) and path else (key,)
+    if not isinstance(path, (tuple, list)) or not path:
+        return (key,)
+    if len(path) > 64 or not all(
+        isinstance(p, str) or (type(p) is int and 0 <= p < 1 << 20) for p in path
+    ):
+        raise ValueError("planner_data path is not a list of names and small indices")
+    return tuple(path)
 
 
-def _storage_by_key(storage_data: Any, metadata_path: Path) -> dict[str, dict[tuple | None, Any]]:
-    if not isinstance(storage_data, dict):
-        raise CorruptCheckpointError("metadata has no storage_data table", file=metadata_path)
+def _storage_by_key(storage_data: dict) -> dict[str, dict[tuple | None, Any]]:
     by_key: dict[str, dict[tuple | None, Any]] = {}
     for index, info in storage_data.items():
         fqn = getattr(index, "fqn", None)
@@ -389,43 +416,48 @@ def _storage_by_key(storage_data: Any, metadata_path: Path) -> dict[str, dict[tu
 def _tensor_entry(key: str, md: Any, nested: tuple, where: dict, sizes: dict, source: str) -> Entry:
     """The entry of a tensor; problems that ``.metadata`` itself shows are named after it."""
     dtype = getattr(getattr(md, "properties", None), "dtype", None)
+    name = str(dtype) if isinstance(dtype, DtypeName) and dtypes.is_known(str(dtype)) else None
     shape = tuple(md.size) if isinstance(md.size, (tuple, list)) else None
-    entry = Entry(
-        key,
-        "tensor",
-        dtype=dtype if isinstance(dtype, torch.dtype) else None,
-        shape=shape,
-        nested_path=nested,
-    )
-    if entry.dtype is None or shape is None or not _valid_shape(shape):
-        entry.error = f"{source} gives an invalid dtype {dtype!r} or shape {md.size!r}"
-        return entry
+    if name is None or shape is None or not _valid_shape(shape):
+        shown = repr(dtype) if isinstance(dtype, (DtypeName, UnknownDtype)) else _text(dtype)
+        problem = f"{source} gives an invalid dtype {shown} or shape {_text(md.size)}"
+        return Entry(key, "tensor", dtype=name, nested_path=nested, error=problem)
     chunks, problems = [], []
     for chunk in md.chunks if isinstance(md.chunks, list) else []:
         offsets, csizes = tuple(chunk.offsets), tuple(chunk.sizes)
         info = where.get(offsets)
         if info is None:
-            problems.append(f"{source} has no storage record for the chunk at {list(offsets)}")
+            problems.append(f"{source} has no storage record for the chunk at {_text(offsets)}")
             continue
         chunks.append(_chunk(offsets, csizes, info))
         problems.extend(_chunk_problems(chunks[-1], sizes, source))
-    entry.chunks = tuple(chunks)
-    if not problems and (layout := layout_problem(shape, entry.chunks)):
+    if not problems and (layout := layout_problem(shape, tuple(chunks))):
         problems.append(f"{layout} (per {source})")
-    entry.error = problems[0] if problems else None
-    return entry
+    return Entry(
+        key,
+        "tensor",
+        dtype=name,
+        shape=shape,
+        chunks=tuple(chunks),
+        nested_path=nested,
+        error=problems[0] if problems else None,
+    )
 
 
 def _object_entry(key: str, nested: tuple, where: dict, sizes: dict, source: str) -> Entry:
     info = where.get(None) or next(iter(where.values()), None)
-    entry = Entry(key, "object", nested_path=nested)
     if info is None:
-        entry.error = f"{source} has no storage record for this object"
-        return entry
-    entry.chunks = (_chunk((), (), info),)
-    problems = _chunk_problems(entry.chunks[0], sizes, source)
-    entry.error = problems[0] if problems else None
-    return entry
+        return Entry(
+            key,
+            "object",
+            nested_path=nested,
+            error=f"{source} has no storage record for this object",
+        )
+    chunk = _chunk((), (), info)
+    problems = _chunk_problems(chunk, sizes, source)
+    return Entry(
+        key, "object", chunks=(chunk,), nested_path=nested, error=problems[0] if problems else None
+    )
 
 
 def _chunk(offsets: tuple, sizes: tuple, info: Any) -> ChunkInfo:
@@ -434,64 +466,73 @@ def _chunk(offsets: tuple, sizes: tuple, info: Any) -> ChunkInfo:
     if not isinstance(info.relative_path, str) or (
         transforms and not all(isinstance(t, str) for t in transforms)
     ):
-        raise TypeError(f"storage record {info!r} names no file")
+        raise TypeError("storage record names no file")
     return ChunkInfo(
         offsets, sizes, info.relative_path, info.offset, info.length, tuple(transforms)
     )
 
 
 def _valid_shape(shape: tuple) -> bool:
-    return (
-        all(isinstance(n, int) and 0 <= n < 1 << 62 for n in shape) and math.prod(shape) < 1 << 62
-    )
+    return all(type(n) is int and 0 <= n < 1 << 62 for n in shape) and math.prod(shape) < 1 << 62
 
 
 def _chunk_problems(chunk: ChunkInfo, sizes: dict, source: str) -> list[str]:
-    size = sizes.get(chunk.file, f"bad file name {chunk.file!r}")
+    size = sizes.get(chunk.file, f"bad file name {_text(chunk.file)}")
     if isinstance(size, str):
         return [size]
-    if not (isinstance(chunk.byte_offset, int) and isinstance(chunk.byte_length, int)) or (
+    if not (type(chunk.byte_offset) is int and type(chunk.byte_length) is int) or (
         chunk.byte_offset < 0 or chunk.byte_length < 0
     ):
-        return [f"bad byte range {chunk.byte_offset!r}+{chunk.byte_length!r} in {chunk.file}"]
+        return [
+            f"bad byte range {_text(chunk.byte_offset)}+{_text(chunk.byte_length)} in {chunk.file}"
+        ]
     problems = []
     if chunk.byte_offset + chunk.byte_length > size:
         problems.append(
             f"{chunk.file} has {size} bytes but the chunk at {list(chunk.offsets)} ends at byte "
             f"{chunk.byte_offset + chunk.byte_length} (file truncated?)"
         )
-    if not all(isinstance(n, int) for n in (*chunk.offsets, *chunk.sizes)):
+    if not all(type(n) is int and 0 <= n < 1 << 62 for n in (*chunk.offsets, *chunk.sizes)):
         problems.append(
-            f"chunk at offsets {list(chunk.offsets)} size {list(chunk.sizes)} "
-            f"is not made of integers (per {source})"
+            f"chunk at offsets {_text(chunk.offsets)} size {_text(chunk.sizes)} "
+            f"is not made of plausible integers (per {source})"
         )
     return problems
 
 
-def _check_items(entries: list[Entry], safetensors: set[str], source: str) -> None:
-    """Mark entries whose items cannot hold what ``.metadata`` claims, and items that share
-    bytes (each item of a genuine file has its own byte range)."""
+def _check_items(entries: list[Entry], safetensors: set[str], source: str) -> list[Entry]:
+    """Entries whose items cannot hold what ``.metadata`` claims, or share bytes with another
+    item (each item of a genuine file has its own byte range), get their error set."""
+    problems: dict[int, str] = {}
     ranges = []
-    for entry in entries:
+    for i, entry in enumerate(entries):
         if entry.error:
             continue
         for chunk in entry.chunks:
             if entry.kind == "tensor" and chunk.file not in safetensors:
-                entry.error = entry.error or _too_small(entry, chunk, source)
+                problem = _too_small(entry, chunk, source)
+                if problem:
+                    problems.setdefault(i, problem)
             end = chunk.byte_offset + chunk.byte_length
-            ranges.append((chunk.file, chunk.byte_offset, end, entry))
-    for (file, start, end, entry), (_, _, _, other) in _overlaps(ranges):
-        for one, two in ((entry, other), (other, entry)):
-            one.error = one.error or (
-                f"bytes {start}..{end} of {file} overlap the item of key {two.key!r} (per {source})"
+            ranges.append((chunk.file, chunk.byte_offset, end, i))
+    for (file, start, end, one), (_, _, _, two) in _overlaps(ranges):
+        for a, b in ((one, two), (two, one)):
+            problems.setdefault(
+                a,
+                f"bytes {start}..{end} of {file} overlap the item of key "
+                f"{entries[b].key!r} (per {source})",
             )
+    return [
+        dataclasses.replace(e, error=problems[i]) if i in problems else e
+        for i, e in enumerate(entries)
+    ]
 
 
 def _too_small(entry: Entry, chunk: ChunkInfo, source: str) -> str | None:
     """Why the chunk's item is too small for its elements (None if it is not), so a lying
     shape is refused before anything is allocated for it. Quantized subclasses store less
     than their logical dtype, but no format stores an element in under a bit."""
-    elements = math.prod(chunk.sizes)
+    elements = chunk.numel
     room = chunk.byte_length * 8 * (_MAX_ZSTD_RATIO if chunk.transforms else 1)
     if elements <= room:
         return None

@@ -8,6 +8,8 @@ a pickle claims before it is run, :mod:`.legacy` reads pre-1.6 torch.save files.
 from inspector.formats.safe_pickle.legacy import load_legacy_torch
 from inspector.formats.safe_pickle.policy import LEGACY_STORAGE_DTYPES
 from inspector.formats.safe_pickle.records import (
+    DtypeName,
+    NumpyArray,
     Opaque,
     StorageRef,
     SubclassRef,
@@ -22,6 +24,8 @@ from inspector.formats.safe_pickle.unpickler import (
 
 __all__ = [
     "LEGACY_STORAGE_DTYPES",
+    "DtypeName",
+    "NumpyArray",
     "Opaque",
     "StorageRef",
     "SubclassRef",

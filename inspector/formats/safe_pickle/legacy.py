@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, BinaryIO
+from typing import Any
 
 from inspector.errors import (
     CorruptCheckpointError,
@@ -10,12 +10,13 @@ from inspector.errors import (
 )
 from inspector.formats.safe_pickle.records import StorageRef
 from inspector.formats.safe_pickle.unpickler import DataUnpickler, run
+from inspector.storage.base import Stream
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
 
 
-def load_legacy_torch(f: BinaryIO, *, file: str) -> tuple[Any, list[StorageRef]]:
+def load_legacy_torch(f: Stream, *, file: str) -> tuple[Any, list[StorageRef]]:
     """Decode a pre-1.6 (non-zip) torch.save file's pickles, leaving ``f`` at its first storage.
 
     The file holds five pickles (magic number, format version, system info, the object,

@@ -1,5 +1,10 @@
-"""What each global a pickle names resolves to: safe stand-ins for the few genuine
-checkpoints need, refusal for code-execution entry points, placeholders for the rest."""
+"""What each global a pickle names resolves to: safe stand-ins for the few that genuine
+checkpoints need, refusal for code-execution entry points, placeholders for the rest.
+
+Nothing here imports torch or numpy: torch's dtypes, storages and rebuild functions
+become names and descriptions (:mod:`.records`), numpy arrays checked byte strings.
+Every stand-in a pickle can reach is immutable (see :mod:`.records`).
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,27 @@ import io
 import pathlib
 import re
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from typing import Any
 
-import torch
-
+from inspector import dtypes
 from inspector.formats.dcp import metadata as dcp_metadata
 from inspector.formats.safe_pickle.records import (
+    PARAMETER,
+    TENSOR,
+    Allowed,
+    DtypeName,
+    Marker,
+    NumpyArray,
+    NumpyDtype,
     Opaque,
     StorageRef,
     StorageType,
     SubclassRef,
     TensorRef,
     UnknownDtype,
+    numpy_reconstruct,
+    numpy_scalar,
 )
 
 # Modules (by top-level package) and names whose only use in a pickle is running code.
@@ -114,7 +128,7 @@ _DANGEROUS_TORCH = (
 _MAX_BUILTIN_BYTES = 1 << 26
 
 
-def _sized(kind: type) -> Any:
+def _sized(kind: type) -> Callable[..., Any]:
     """``bytes(n)`` / ``bytearray(n)`` would let a tiny pickle allocate gigabytes."""
 
     def build(*args: Any) -> Any:
@@ -125,16 +139,16 @@ def _sized(kind: type) -> Any:
     return build
 
 
-_SAFE_BUILTINS = {
+_SAFE_BUILTINS: dict[str, Any] = {
     "set": set,
     "frozenset": frozenset,
-    "bytearray": _sized(bytearray),
+    "bytearray": Allowed(_sized(bytearray), "builtins.bytearray"),
     "complex": complex,
     "slice": slice,
     "int": int,
     "float": float,
     "str": str,
-    "bytes": _sized(bytes),
+    "bytes": Allowed(_sized(bytes), "builtins.bytes"),
     "bool": bool,
     "list": list,
     "dict": dict,
@@ -142,19 +156,24 @@ _SAFE_BUILTINS = {
     "object": object,
 }
 
-
 # ---------------------------------------------------------------------------------------
 # Rebuild functions: what torch's own _rebuild_* become.
 
 
 def _ints(value: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(value, (tuple, list, torch.Size)) or not all(
+    if not isinstance(value, (tuple, list)) or not all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
     ):
         raise ValueError(f"{what} must be a tuple of ints, got {value!r}")
     if any(v < 0 for v in value):
         raise ValueError(f"{what} has a negative entry: {tuple(value)}")
     return tuple(value)
+
+
+def _dtype(value: Any) -> str:
+    if not isinstance(value, DtypeName):
+        raise ValueError(f"bad dtype {value!r}")
+    return str(value)
 
 
 def _tensor_ref(
@@ -164,69 +183,92 @@ def _tensor_ref(
         raise ValueError(f"tensor storage is {type(storage).__name__}, not a storage record")
     if not isinstance(offset, int) or offset < 0:
         raise ValueError(f"bad storage offset {offset!r}")
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"bad dtype {dtype!r}")
     shape, strides = _ints(size, "size"), _ints(stride, "stride")
     if len(shape) != len(strides):
         raise ValueError(f"size {shape} and stride {strides} differ in length")
-    return TensorRef(storage, offset, shape, strides, dtype, bool(grad))
+    ref = TensorRef(storage, offset, shape, strides, _dtype(dtype), bool(grad))
+    if ref.extent and offset + ref.extent > storage.numel:
+        raise ValueError(
+            f"tensor {list(shape)} at element {offset} reaches past its storage "
+            f"of {storage.numel} elements"
+        )
+    return ref
 
 
-def _rebuild_tensor(storage, storage_offset, size, stride):
-    return _tensor_ref(
-        storage, storage_offset, size, stride, getattr(storage, "dtype", None), False
-    )
+def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any) -> TensorRef:
+    dtype = DtypeName(storage.dtype) if isinstance(storage, StorageRef) else None
+    return _tensor_ref(storage, storage_offset, size, stride, dtype, False)
 
 
 def _rebuild_tensor_v2(
-    storage, storage_offset, size, stride, requires_grad, backward_hooks, metadata=None
-):
-    return _tensor_ref(
-        storage, storage_offset, size, stride, getattr(storage, "dtype", None), requires_grad
-    )
-
-
-def _rebuild_tensor_v3(
-    storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None
-):
-    if isinstance(storage, StorageRef) and isinstance(dtype, torch.dtype):
-        if storage.dtype != torch.uint8 or storage.numel % dtype.itemsize:
-            raise ValueError(f"untyped storage of {storage.numel} bytes cannot hold {dtype}")
-        storage = StorageRef(storage.key, dtype, storage.numel // dtype.itemsize)
+    storage: Any,
+    storage_offset: Any,
+    size: Any,
+    stride: Any,
+    requires_grad: Any,
+    backward_hooks: Any,
+    metadata: Any = None,
+) -> TensorRef:
+    dtype = DtypeName(storage.dtype) if isinstance(storage, StorageRef) else None
     return _tensor_ref(storage, storage_offset, size, stride, dtype, requires_grad)
 
 
-def _rebuild_meta(dtype, size, stride, requires_grad):
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"bad dtype {dtype!r}")
+def _rebuild_tensor_v3(
+    storage: Any,
+    storage_offset: Any,
+    size: Any,
+    stride: Any,
+    requires_grad: Any,
+    backward_hooks: Any,
+    dtype: Any,
+    metadata: Any = None,
+) -> TensorRef:
+    if isinstance(storage, StorageRef) and isinstance(dtype, DtypeName):
+        width = dtypes.itemsize(dtype)
+        if storage.dtype != "uint8" or storage.numel % width:
+            raise ValueError(f"untyped storage of {storage.numel} bytes cannot hold {dtype}")
+        storage = StorageRef(storage.key, str(dtype), storage.numel // width)
+    return _tensor_ref(storage, storage_offset, size, stride, dtype, requires_grad)
+
+
+def _rebuild_meta(dtype: Any, size: Any, stride: Any, requires_grad: Any) -> TensorRef:
     return TensorRef(
-        None, 0, _ints(size, "size"), _ints(stride, "stride"), dtype, bool(requires_grad)
+        None, 0, _ints(size, "size"), _ints(stride, "stride"), _dtype(dtype), bool(requires_grad)
     )
 
 
-def _rebuild_parameter(data, requires_grad, backward_hooks, state=None):
+def _rebuild_parameter(
+    data: Any, requires_grad: Any, backward_hooks: Any, state: Any = None
+) -> Any:
     return data
 
 
 def _rebuild_wrapper_subclass(
-    cls, dtype, size, stride, storage_offset, layout, device, requires_grad
-):
+    cls: Any,
+    dtype: Any,
+    size: Any,
+    stride: Any,
+    storage_offset: Any,
+    layout: Any,
+    device: Any,
+    requires_grad: Any,
+) -> SubclassRef:
     name = getattr(cls, "global_name", getattr(cls, "__name__", repr(cls)))
-    return SubclassRef(name, dtype if isinstance(dtype, torch.dtype) else None, _ints(size, "size"))
+    outer = str(dtype) if isinstance(dtype, DtypeName) else None
+    return SubclassRef(str(name), outer, _ints(size, "size"))
 
 
-def _rebuild_from_type(func, new_type, args, state):
-    if not callable(func):
+def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    if not callable(func) or not isinstance(args, tuple):
         raise ValueError(f"{func!r} is not a rebuild function")
     value = func(*args)
     if isinstance(state, tuple) and len(state) == 2:
         state = {**(state[0] or {}), **(state[1] or {})}
-    if new_type in (torch.Tensor, torch.nn.Parameter) or not isinstance(new_type, type):
+    if new_type in (TENSOR, PARAMETER) or not isinstance(new_type, type):
         return value
     if isinstance(value, SubclassRef):
-        if isinstance(state, dict):
-            value.attrs.update(state)
-        return value
+        attrs = {**value.attrs, **state} if isinstance(state, dict) else value.attrs
+        return SubclassRef(value.cls, value.dtype, value.shape, attrs, value.data)
     if isinstance(value, TensorRef) and issubclass(new_type, Opaque):
         attrs = dict(state) if isinstance(state, dict) else {}
         return SubclassRef(new_type.global_name, value.dtype, value.shape, attrs, data=value)
@@ -237,10 +279,12 @@ def _codecs_encode(text: Any, encoding: str = "utf-8") -> bytes:
     """Protocol-2 pickles spell ``bytes`` as ``_codecs.encode(str, 'latin1')``."""
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8"):
         raise ValueError(f"refusing _codecs.encode({type(text).__name__}, {encoding!r})")
+    if len(text) > _MAX_BUILTIN_BYTES:
+        raise ValueError("_codecs.encode of a string larger than any genuine value")
     return text.encode(encoding)
 
 
-def _reconstructor(cls, base, state):
+def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
     """``copyreg._reconstructor`` (protocol 0/1 objects), limited to placeholders and builtins."""
     if isinstance(cls, type) and issubclass(cls, Opaque):
         return cls(state) if state is not None else cls()
@@ -251,44 +295,77 @@ def _reconstructor(cls, base, state):
     raise ValueError(f"copyreg._reconstructor({cls!r}, {base!r}) is not allowed")
 
 
-def _torch_global(name: str) -> Any:
-    value = getattr(torch, name, None)
-    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-        return value
-    if name == "Size":
-        return torch.Size
-    if name == "device":
-        return torch.device
-    if name in ("Tensor",):
-        return torch.Tensor
-    if name.endswith("Storage"):
-        return _LEGACY_STORAGE.get(name)
-    return None
-
-
 # torch's legacy typed storage classes (``torch.FloatStorage``, ...) and their dtypes.
 LEGACY_STORAGE_DTYPES = {
-    "DoubleStorage": torch.float64,
-    "FloatStorage": torch.float32,
-    "HalfStorage": torch.float16,
-    "BFloat16Storage": torch.bfloat16,
-    "LongStorage": torch.int64,
-    "IntStorage": torch.int32,
-    "ShortStorage": torch.int16,
-    "CharStorage": torch.int8,
-    "ByteStorage": torch.uint8,
-    "BoolStorage": torch.bool,
-    "ComplexFloatStorage": torch.complex64,
-    "ComplexDoubleStorage": torch.complex128,
+    "DoubleStorage": "float64",
+    "FloatStorage": "float32",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+    "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128",
 }
 _LEGACY_STORAGE = {name: StorageType(dtype) for name, dtype in LEGACY_STORAGE_DTYPES.items()}
+_UNTYPED = StorageType(None)
+_LAYOUTS = frozenset(
+    [
+        "strided",
+        "sparse_coo",
+        "sparse_csr",
+        "sparse_csc",
+        "sparse_bsr",
+        "sparse_bsc",
+        "_mkldnn",
+        "jagged",
+    ]
+)
+_MEMORY_FORMATS = frozenset(
+    ["contiguous_format", "channels_last", "channels_last_3d", "preserve_format"]
+)
+_NAMED = {n: Marker(f"torch.{n}") for n in _LAYOUTS | _MEMORY_FORMATS}
+_DTYPE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_DTYPES = {name: DtypeName(name) for name in dtypes.NAMES} | {
+    alias: DtypeName(name) for alias, name in dtypes.ALIASES.items()
+}
 
 
-def _get_layout(name: Any) -> torch.layout:
-    layout = getattr(torch, str(name).removeprefix("torch."), None)
-    if not isinstance(layout, torch.layout):
+def _torch_global(name: str) -> Any:
+    """``torch.<name>``: a dtype (as its name), a layout or memory format (as its name),
+    ``Size`` (a tuple), a storage class, or the Tensor marker; None for anything else."""
+    if name in _DTYPES:
+        return _DTYPES[name]
+    if name in _NAMED:
+        return _NAMED[name]
+    if name == "Size":
+        return tuple
+    if name == "device":
+        return _DEVICE
+    if name == "Tensor":
+        return TENSOR
+    if name == "UntypedStorage":
+        return _UNTYPED
+    return _LEGACY_STORAGE.get(name)
+
+
+def _device(kind: Any, index: Any = None) -> str:
+    if not isinstance(kind, str) or (index is not None and not isinstance(index, int)):
+        raise ValueError(f"bad torch.device({kind!r}, {index!r})")
+    return kind if index is None else f"{kind}:{index}"
+
+
+_DEVICE = Allowed(_device, "torch.device")
+
+
+def _get_layout(name: Any) -> Marker:
+    layout = str(name).removeprefix("torch.")
+    if layout not in _LAYOUTS:
         raise ValueError(f"unknown layout {name!r}")
-    return layout
+    return _NAMED[layout]
 
 
 def _pure_path(*parts: Any) -> pathlib.PurePath:
@@ -300,41 +377,60 @@ def _pure_windows_path(*parts: Any) -> pathlib.PurePath:
 
 
 _PATH_CLASSES = {
-    "PosixPath": _pure_path,
-    "PurePosixPath": _pure_path,
-    "Path": _pure_path,
-    "WindowsPath": _pure_windows_path,
-    "PureWindowsPath": _pure_windows_path,
+    "PosixPath": Allowed(_pure_path, "pathlib.PurePosixPath"),
+    "PurePosixPath": Allowed(_pure_path, "pathlib.PurePosixPath"),
+    "Path": Allowed(_pure_path, "pathlib.PurePosixPath"),
+    "WindowsPath": Allowed(_pure_windows_path, "pathlib.PureWindowsPath"),
+    "PureWindowsPath": Allowed(_pure_windows_path, "pathlib.PureWindowsPath"),
 }
+
+
+def _allowed(module: str, functions: dict[str, Callable[..., Any]]) -> dict[tuple[str, str], Any]:
+    return {(module, n): Allowed(fn, f"{module}.{n}") for n, fn in functions.items()}
+
 
 _DATA_GLOBALS: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): OrderedDict,
     ("collections", "defaultdict"): defaultdict,
-    ("_codecs", "encode"): _codecs_encode,
-    ("copyreg", "_reconstructor"): _reconstructor,
     ("_io", "BytesIO"): io.BytesIO,
     ("io", "BytesIO"): io.BytesIO,
-    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_wrapper_subclass"): _rebuild_wrapper_subclass,
-    ("torch._utils", "_rebuild_meta_tensor_no_storage"): _rebuild_meta,
-    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type,
-    ("torch._tensor", "_rebuild_from_type"): _rebuild_from_type,
-    ("torch.serialization", "_get_layout"): _get_layout,
-    ("torch.storage", "UntypedStorage"): StorageType(None),
-    ("torch", "UntypedStorage"): StorageType(None),
-    ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
+    ("torch.storage", "UntypedStorage"): _UNTYPED,
+    ("torch.nn.parameter", "Parameter"): PARAMETER,
     ("torch.torch_version", "TorchVersion"): str,
+    **_allowed("_codecs", {"encode": _codecs_encode}),
+    **_allowed("copyreg", {"_reconstructor": _reconstructor}),
+    **_allowed(
+        "torch._utils",
+        {
+            "_rebuild_tensor": _rebuild_tensor,
+            "_rebuild_tensor_v2": _rebuild_tensor_v2,
+            "_rebuild_tensor_v3": _rebuild_tensor_v3,
+            "_rebuild_parameter": _rebuild_parameter,
+            "_rebuild_parameter_with_state": _rebuild_parameter,
+            "_rebuild_wrapper_subclass": _rebuild_wrapper_subclass,
+            "_rebuild_meta_tensor_no_storage": _rebuild_meta,
+        },
+    ),
+    **_allowed(
+        "torch._tensor",
+        {"_rebuild_from_type_v2": _rebuild_from_type, "_rebuild_from_type": _rebuild_from_type},
+    ),
+    **_allowed("torch.serialization", {"_get_layout": _get_layout}),
 }
+for _module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray"):
+    _DATA_GLOBALS |= {
+        (_module, "ndarray"): NumpyArray,
+        (_module, "dtype"): NumpyDtype,
+        **_allowed(_module, {"_reconstruct": numpy_reconstruct, "scalar": numpy_scalar}),
+    }
 
 
 def _metadata_table() -> dict[tuple[str, str], Any]:
     names: dict[tuple[str, str], Any] = dict(dcp_metadata.CLASSES)
     names[("torch", "Size")] = tuple
-    names[("torch.serialization", "_get_layout")] = _get_layout
+    names[("torch.serialization", "_get_layout")] = _DATA_GLOBALS[
+        ("torch.serialization", "_get_layout")
+    ]
     for module in ("pathlib", "pathlib._local"):
         for cls, fn in _PATH_CLASSES.items():
             names[(module, cls)] = fn
@@ -342,17 +438,14 @@ def _metadata_table() -> dict[tuple[str, str], Any]:
 
 
 _METADATA_GLOBALS = _metadata_table()
-_DTYPE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def metadata_global(module: str, name: str) -> Any:
     """What a global in DCP ``.metadata`` stands for; None: never part of genuine metadata."""
     value = _METADATA_GLOBALS.get((module, name))
     if value is None and module == "torch":
-        value = _torch_global(name)
-        if not isinstance(value, torch.dtype):
-            value = None
-        if not hasattr(torch, name) and _DTYPE_NAME.fullmatch(name):
+        value = _DTYPES.get(name)
+        if value is None and _DTYPE_NAME.fullmatch(name) and name not in _NAMED:
             value = UnknownDtype(name)
     return value
 
@@ -380,21 +473,4 @@ def data_global(module: str, name: str) -> Any:
         value = _torch_global(name)
     if value is None and module in ("pathlib", "pathlib._local"):
         value = _PATH_CLASSES.get(name)
-    if value is None:
-        value = _numpy_global(module, name)
     return value
-
-
-def _numpy_global(module: str, name: str) -> Any:
-    if module not in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray"):
-        return None
-    if name not in ("_reconstruct", "scalar", "ndarray", "dtype"):
-        return None
-    import numpy
-
-    if name == "ndarray":
-        return numpy.ndarray
-    if name == "dtype":
-        return numpy.dtype
-    multiarray = getattr(numpy, "_core", None) or numpy.core
-    return getattr(multiarray.multiarray, name)

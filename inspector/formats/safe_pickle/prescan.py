@@ -7,11 +7,10 @@ import os
 import pickletools
 import re
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import IO, cast
 
-from inspector.errors import (
-    CorruptCheckpointError,
-)
+from inspector.errors import CorruptCheckpointError
+from inspector.storage.base import Stream
 
 # The C unpickler sizes (and zeroes) its memo table up to the largest index a PUT names, so
 # one opcode can take gigabytes; a FRAME announces its length. Genuine pickles number their
@@ -67,7 +66,8 @@ def _claimed_sizes(data: bytes) -> Iterator[tuple[str, int]]:
     (BINPUT's one-byte index needs no check)."""
     i, end, frame_end = 0, len(data), 0
     while True:
-        i = _UNCHECKED_RUN.match(data, i).end()
+        run = _UNCHECKED_RUN.match(data, i)
+        i = run.end() if run else i
         if i >= end:
             raise ValueError("the pickle ends without a STOP opcode")
         op = data[i]
@@ -96,7 +96,7 @@ def _claimed_sizes(data: bytes) -> Iterator[tuple[str, int]]:
             raise ValueError(f"the pickle {known} opcode {op:#04x} at byte {i}")
 
 
-def check_sizes(stream: BinaryIO, *, file: str, key: str | None) -> None:
+def check_sizes(stream: Stream, *, file: str, key: str | None) -> None:
     """Refuse the pickle at ``stream``'s position if it claims more than its own size could
     justify (see above); the stream is left where it was."""
     start = stream.tell()
@@ -108,8 +108,8 @@ def check_sizes(stream: BinaryIO, *, file: str, key: str | None) -> None:
         limit = stream.seek(0, os.SEEK_END) - start
         stream.seek(start)
         claims = (
-            (op.name, arg)
-            for op, arg, _ in pickletools.genops(stream)
+            (op.name, int(arg or 0))
+            for op, arg, _ in pickletools.genops(cast(IO[bytes], stream))
             if op.name in ("PUT", "BINPUT", "LONG_BINPUT", "FRAME")
         )
     try:

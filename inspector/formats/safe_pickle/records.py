@@ -1,22 +1,108 @@
-"""What decoding yields in place of objects we never build: inert placeholders and
-tensor descriptions (materialised later, by the format that knows where the bytes are)."""
+"""What decoding yields in place of objects we never build: inert placeholders, dtype names,
+and tensor and array descriptions that a format materialises later (it knows where the
+bytes are).
+
+Anything a pickle can reach twice (a global, a memoised object) is immune to pickle's BUILD
+opcode and to ``setattr``: a file can shape only its own decoded values, never the
+stand-ins later files are decoded with.
+"""
 
 from __future__ import annotations
 
+import math
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+from inspector.reprs import bounded_repr
+
+
+class Immutable:
+    """Mixin: refuses pickle's BUILD (``__setstate__``) and attribute assignment."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        raise TypeError(f"{type(self).__name__} stand-in cannot be given state")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise TypeError(f"{type(self).__name__} stand-in is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise TypeError(f"{type(self).__name__} stand-in is immutable")
+
+
+class FrozenClass(type):
+    """Metaclass of stand-in classes that pickles name as globals: no attribute of the class
+    can be set, so decoding one file cannot change how the next is decoded."""
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        raise TypeError(f"stand-in class {cls.__name__} is immutable")
+
+    def __delattr__(cls, name: str) -> None:
+        raise TypeError(f"stand-in class {cls.__name__} is immutable")
+
+
+class Allowed(Immutable):
+    """An allow-listed function as a pickle sees it: callable, nothing else."""
+
+    __slots__ = ("_fn", "name")
+    _fn: Callable[..., Any]
+    name: str
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        object.__setattr__(self, "_fn", fn)
+        object.__setattr__(self, "name", name)
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def __repr__(self) -> str:
+        return f"<allowed {self.name}>"
+
+
+class DtypeName(str):
+    """A ``torch.<dtype>`` a pickle named, kept as its name (a str, so records can use it
+    as is); :func:`materialize` turns it into the ``torch.dtype`` in decoded objects."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"torch.{self!s}"
+
+
+class Marker(Immutable):
+    """A torch class a pickle names only to say what it rebuilds (``torch.Tensor``,
+    ``torch.nn.Parameter``): compared, never instantiated."""
+
+    __slots__ = ("name",)
+    name: str
+
+    def __init__(self, name: str) -> None:
+        object.__setattr__(self, "name", name)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+TENSOR = Marker("torch.Tensor")
+PARAMETER = Marker("torch.nn.Parameter")
 
 
 class Opaque:
     """Inert stand-in for a class or function a pickle names but we never import.
 
     It accepts whatever the pickle passes (constructor arguments, state, items) and
-    keeps it for display; ``global_name`` says what it stood in for.
+    keeps it for display; ``global_name`` says what it stood in for. Each decoded file
+    gets its own placeholder classes (:func:`opaque_class`), so they share nothing.
     """
 
     global_name = "?"
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    state: Any
+    items: list[Any]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Opaque:
         obj = super().__new__(cls)
@@ -42,13 +128,21 @@ class Opaque:
         raise TypeError(f"placeholder for {self.global_name} cannot be pickled")
 
     def __repr__(self) -> str:
-        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
-        text = f"<{self.global_name}({', '.join(parts)})"
-        if self.state is not None:
-            text += f" state={self.state!r}"
-        if self.items:
-            text += f" items={self.items!r}"
-        return text + " (not loaded)>"
+        return describe_opaque(self)
+
+
+def describe_opaque(obj: Opaque, budget: int = 2000) -> str:
+    """``<module.Class(args) state=... (not loaded)>``, cut at ``budget`` characters and
+    safe on shared or cyclic contents (repr of a decoded value is bounded by the file)."""
+    parts = [bounded_repr(a, budget) for a in obj.args] + [
+        f"{k}={bounded_repr(v, budget)}" for k, v in obj.kwargs.items()
+    ]
+    text = f"<{obj.global_name}({', '.join(parts)})"
+    if obj.state is not None:
+        text += f" state={bounded_repr(obj.state, budget)}"
+    if obj.items:
+        text += f" items={bounded_repr(obj.items, budget)}"
+    return text[:budget] + " (not loaded)>"
 
 
 def opaque_class(module: str, name: str) -> type[Opaque]:
@@ -58,16 +152,19 @@ def opaque_class(module: str, name: str) -> type[Opaque]:
     return type(safe_name, (Opaque,), {"global_name": label, "__module__": __name__})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StorageRef:
     """A storage record of a torch archive: ``data/<key>``, ``numel`` elements of ``dtype``."""
 
     key: str
-    dtype: torch.dtype
+    dtype: str
     numel: int
 
+    def __setstate__(self, state: Any) -> None:
+        raise TypeError("StorageRef cannot be given state")
 
-@dataclass
+
+@dataclass(frozen=True, slots=True)
 class TensorRef:
     """A plain tensor described by a pickle: a strided view into a storage record."""
 
@@ -75,32 +172,158 @@ class TensorRef:
     storage_offset: int
     shape: tuple[int, ...]
     stride: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: str
     requires_grad: bool = False
 
+    def __setstate__(self, state: Any) -> None:
+        raise TypeError("TensorRef cannot be given state")
 
-@dataclass
+    @property
+    def extent(self) -> int:
+        """Elements spanned from the first to the last one (strides allowed; 0 if empty)."""
+        if not math.prod(self.shape):
+            return 0
+        return 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
 class SubclassRef:
-    """A tensor subclass instance: its class name, outer dtype/shape and pickled attributes."""
+    """A tensor subclass instance: its class name, outer dtype/shape and pickled attributes
+    (read-only once built; ``attrs`` values may be TensorRefs or, materialised, tensors)."""
 
     cls: str
-    dtype: torch.dtype | None
+    dtype: str | None
     shape: tuple[int, ...]
     attrs: dict[str, Any] = field(default_factory=dict)
-    data: TensorRef | None = None
+    data: Any = None
+
+    def __setstate__(self, state: Any) -> None:
+        raise TypeError("SubclassRef cannot be given state")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StorageType:
-    dtype: torch.dtype | None  # None: UntypedStorage (bytes; the real dtype comes later)
+    """A torch storage class (``torch.FloatStorage``; None dtype: ``UntypedStorage``)."""
+
+    dtype: str | None
+
+    def __setstate__(self, state: Any) -> None:
+        raise TypeError("storage type stand-in cannot be given state")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class UnknownDtype:
-    """``torch.<name>`` where this torch has no such attribute: a dtype of a newer torch,
-    or damage. Kept by name (inert, not callable) so only the entries using it fail."""
+    """``torch.<name>`` of a dtype this inspector does not know: a newer torch's, or damage.
+    Kept by name (inert, not callable) so only the entries using it fail."""
 
     name: str
 
+    def __setstate__(self, state: Any) -> None:
+        raise TypeError("UnknownDtype cannot be given state")
+
     def __repr__(self) -> str:
-        return f"torch.{self.name} (unknown to torch {torch.__version__})"
+        return f"torch.{self.name} (an unknown dtype)"
+
+
+# --- numpy values, described (never built: a forged dtype can crash numpy) -------------------
+
+_NUMPY_KINDS = "biuf"  # bool, signed, unsigned, float: plain numbers only
+
+
+class NumpyDtype(Immutable):
+    """``numpy.dtype(code)`` of a plain numeric type (``'<f8'``, ``'u4'``, ``'?'``); object,
+    structured and subarray dtypes are refused."""
+
+    __slots__ = ("byteorder", "code")
+    code: str
+    byteorder: str
+
+    def __init__(self, code: Any, align: Any = False, copy: Any = True) -> None:
+        if not (isinstance(code, str) and len(code) >= 2 and code[0] in _NUMPY_KINDS):
+            raise ValueError(f"numpy dtype {code!r} is not a plain number type")
+        if not code[1:].isdigit() or int(code[1:]) not in (1, 2, 4, 8):
+            raise ValueError(f"numpy dtype {code!r} has an unsupported size")
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "byteorder", "|" if code[1:] == "1" else "<")
+
+    def __setstate__(self, state: Any) -> None:
+        """numpy pickles ``(version, byteorder, subdtype, names, fields, ...)``: only a
+        plain dtype without names, fields or subarray is accepted."""
+        if not isinstance(state, tuple) or len(state) < 5:
+            raise ValueError(f"numpy dtype state {state!r} is malformed")
+        _, order, subarray, names, fields = state[:5]
+        if subarray is not None or names is not None or fields is not None:
+            raise ValueError("structured or subarray numpy dtypes are not supported")
+        if order not in ("<", "|", "="):
+            raise ValueError(f"numpy byte order {order!r} is not little-endian")
+        object.__setattr__(self, "byteorder", order)
+
+    @property
+    def itemsize(self) -> int:
+        return int(self.code[1:])
+
+    @property
+    def struct_code(self) -> str:
+        kind, size = self.code[0], self.itemsize
+        return {"b": "?", "i": "bhiq", "u": "BHIQ", "f": "?ehfd"}[kind][
+            0 if kind == "b" else [1, 2, 4, 8].index(size) + (kind == "f")
+        ]
+
+    def __repr__(self) -> str:
+        return f"numpy.dtype({self.code!r})"
+
+
+class NumpyArray:
+    """``numpy.ndarray`` rebuilt by ``_reconstruct`` + BUILD: shape, dtype and raw bytes,
+    checked to agree (no element is allocated that the file does not hold)."""
+
+    def __init__(self, *args: Any) -> None:
+        self.shape: tuple[int, ...] = ()
+        self.dtype: NumpyDtype | None = None
+        self.data = b""
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, tuple) or len(state) != 5:
+            raise ValueError(f"numpy array state {state!r} is malformed")
+        _, shape, dtype, _fortran, data = state
+        if not isinstance(dtype, NumpyDtype):
+            raise ValueError("numpy array of an unsupported dtype")
+        if not (isinstance(shape, tuple) and all(type(n) is int and n >= 0 for n in shape)):
+            raise ValueError(f"numpy array shape {shape!r} is malformed")
+        if isinstance(data, str):
+            data = data.encode("latin-1")
+        if not isinstance(data, (bytes, bytearray)) or len(data) != math.prod(shape) * (
+            dtype.itemsize
+        ):
+            raise ValueError(f"numpy array of shape {shape} has data of the wrong size")
+        self.shape, self.dtype, self.data = shape, dtype, bytes(data)
+
+    def to_numpy(self) -> Any:
+        """The array, built from its checked bytes with ``numpy.frombuffer``."""
+        import numpy
+
+        if self.dtype is None:
+            return numpy.empty(self.shape)
+        return numpy.frombuffer(self.data, dtype=self.dtype.code).reshape(self.shape).copy()
+
+    def __repr__(self) -> str:
+        code = self.dtype.code if self.dtype else "?"
+        return f"<numpy.ndarray {code} {list(self.shape)} (decoded as bytes)>"
+
+
+def numpy_scalar(dtype: Any, data: Any) -> Any:
+    """``numpy.core.multiarray.scalar(dtype, bytes)``: the value as a Python number."""
+    if not isinstance(dtype, NumpyDtype):
+        raise ValueError("numpy scalar of an unsupported dtype")
+    if isinstance(data, str):
+        data = data.encode("latin-1")
+    if not isinstance(data, bytes) or len(data) != dtype.itemsize:
+        raise ValueError("numpy scalar data has the wrong size")
+    return struct.unpack("<" + dtype.struct_code, data)[0]
+
+
+def numpy_reconstruct(cls: Any, shape: Any, code: Any) -> NumpyArray:
+    """``numpy.core.multiarray._reconstruct(ndarray, (0,), b'b')``: an empty array to BUILD."""
+    if cls is not NumpyArray:
+        raise ValueError(f"_reconstruct of {cls!r} is not supported")
+    return NumpyArray()

@@ -13,9 +13,7 @@ from __future__ import annotations
 import io
 import pickle
 import pickletools
-from typing import Any, BinaryIO
-
-import torch
+from typing import Any
 
 from inspector.errors import (
     CorruptCheckpointError,
@@ -28,6 +26,7 @@ from inspector.formats.safe_pickle import policy
 from inspector.formats.safe_pickle.prescan import check_sizes
 from inspector.formats.safe_pickle.records import Opaque, StorageRef, StorageType, opaque_class
 from inspector.gc_pause import paused_gc
+from inspector.storage.base import Stream
 
 # ---------------------------------------------------------------------------------------
 # Unpicklers
@@ -36,7 +35,7 @@ from inspector.gc_pause import paused_gc
 class _Unpickler(pickle.Unpickler):
     """Resolves globals through ``resolve``; refuses persistent ids unless a subclass maps them."""
 
-    def __init__(self, data: bytes | BinaryIO, file: str, key: str | None) -> None:
+    def __init__(self, data: bytes | Stream, file: str, key: str | None) -> None:
         self.stream = io.BytesIO(data) if isinstance(data, bytes) else data
         super().__init__(self.stream)
         self.file, self.key = file, key
@@ -73,7 +72,7 @@ class _MetadataUnpickler(_Unpickler):
 class DataUnpickler(_Unpickler):
     """For torch archives' ``data.pkl`` and plain pickled objects."""
 
-    def __init__(self, data: bytes | BinaryIO, file: str, key: str | None) -> None:
+    def __init__(self, data: bytes | Stream, file: str, key: str | None) -> None:
         super().__init__(data, file, key)
         self.placeholders: dict[str, type[Opaque]] = {}
         self.storages: dict[str, StorageRef] = {}
@@ -106,7 +105,7 @@ class DataUnpickler(_Unpickler):
             raise pickle.UnpicklingError(f"storage type {storage_type!r} is not a torch storage")
         if not isinstance(key, str) or not isinstance(numel, int) or numel < 0:
             raise pickle.UnpicklingError(f"bad storage record {key!r} of {numel!r} elements")
-        ref = StorageRef(key, storage_type.dtype or torch.uint8, numel)
+        ref = StorageRef(key, storage_type.dtype or "uint8", numel)
         self.storages.setdefault(key, ref)
         return ref
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from inspector.checkpoint import Checkpoint
@@ -11,15 +9,12 @@ from inspector.entry import COMPONENTS
 from inspector.gc_pause import paused_gc
 from inspector.keys.tree import Totals, ordered_totals, sized, tally
 
-# DCP names data files __<rank>_<n>.distcp and, without collectives, __<rank>.metadata.
-_RANK_FILE = re.compile(r"__(\d+)(?:_\d+\.distcp|\.metadata)$")
-
 
 @dataclass(frozen=True)
 class Summary:
     """Totals of one checkpoint; ``ranks`` is None when the file names do not tell.
 
-    ``layout_reason`` is the verdict line of ``ck.describe_layout()`` (why that layout).
+    ``layout_reason`` is the evidence that decided the layout.
     """
 
     layout: str
@@ -46,7 +41,7 @@ def summarize(ck: Checkpoint) -> Summary:
                 tally(tensors, e.kind, numel, nbytes)
     return Summary(
         layout=ck.layout,
-        layout_reason=ck.describe_layout().splitlines()[-1].removeprefix("- "),
+        layout_reason=ck.layout_reason,
         keys=len(ck),
         tensors=Totals(*tensors.get("tensor", (0, 0, 0))),
         by_dtype=ordered_totals(by_dtype),
@@ -54,11 +49,5 @@ def summarize(ck: Checkpoint) -> Summary:
             c: Totals(*by_component[c]) for c in (*COMPONENTS, "other") if c in by_component
         },
         files=len(ck.source_files),
-        ranks=ranks_from_files(ck.source_files),
+        ranks=ck.ranks,
     )
-
-
-def ranks_from_files(files: Iterable[str]) -> int | None:
-    """How many ranks wrote a DCP checkpoint, from its file names; None for other layouts."""
-    ranks = {m.group(1) for f in files if (m := _RANK_FILE.search(f))}
-    return len(ranks) or None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from inspector.entry import Entry
+from inspector.reprs import bounded_repr
 
 
 def human_bytes(n: int) -> str:
@@ -20,3 +23,8 @@ def shape_text(entry: Entry) -> str:
     if entry.shape:
         return "x".join(map(str, entry.shape))
     return "scalar" if entry.kind == "tensor" else "-"
+
+
+def value_text(value: Any, budget: int = 4000) -> str:
+    """A decoded value as text, cut at ``budget`` characters (shared parts and cycles safe)."""
+    return bounded_repr(value, budget)

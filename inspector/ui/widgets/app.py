@@ -41,7 +41,7 @@ class Inspector(w.VBox):
         self.errors = ErrorBox()
         is_ck = isinstance(path_or_ck, Checkpoint)
         self.path = w.Text(
-            value=str(path_or_ck.path if is_ck else path_or_ck),
+            value=path_or_ck.location if isinstance(path_or_ck, Checkpoint) else str(path_or_ck),
             description="Checkpoint",
             layout=w.Layout(width="640px"),
         )

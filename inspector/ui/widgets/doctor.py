@@ -8,7 +8,7 @@ import ipywidgets as w
 
 from inspector.analysis.fqn import KeyReport, check_keys, resolve_against
 from inspector.checkpoint import Checkpoint
-from inspector.keys.components import VIEWS
+from inspector.keys.spellings import VIEWS
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.markup import badge, esc, heading, limited, note
 
@@ -40,13 +40,13 @@ def report_html(report: KeyReport) -> str:
             header = ("checkpoint key", "model key", "checkpoint", "model")
             parts.append(limited(header, rows, SHOWN))
     if report.suggestions:
-        rows = [
+        suggested = [
             (i, s.description, s.why or "", s.resolves, s.remaining, s.shape_mismatches)
             for i, s in enumerate(report.suggestions, 1)
         ]
         parts.append(heading("suggested rewrites of the checkpoint keys, best first"))
-        header = ("#", "rewrite", "why", "resolves", "left", "shape mismatches")
-        parts.append(limited(header, rows, SHOWN))
+        columns = ("#", "rewrite", "why", "resolves", "left", "shape mismatches")
+        parts.append(limited(columns, suggested, SHOWN))
     return "".join(parts)
 
 
@@ -99,4 +99,5 @@ class DoctorPanel(w.VBox):
         self.apply_button.disabled = self.report.best is None
 
     def apply(self) -> None:
-        self.on_apply(self.report)
+        if self.report is not None:
+            self.on_apply(self.report)

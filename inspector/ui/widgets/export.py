@@ -11,17 +11,14 @@ import ipywidgets as w
 
 from inspector.analysis.fqn import KeyReport
 from inspector.checkpoint import Checkpoint
-from inspector.exporting.options import DTYPES, ExportOptions, default_out
+from inspector.exporting.fp8 import FP8_MODE_HELP
+from inspector.exporting.options import ExportOptions, default_out
+from inspector.exporting.plan import CAST_DTYPES, DEFAULT_SHARD_SIZE, EXPORT_FORMATS
 from inspector.exporting.run import ExportResult, Progress
 from inspector.ui.views.text import human_bytes
 from inspector.ui.widgets.errors import ErrorBox, error_html
 from inspector.ui.widgets.markup import badge, esc, heading, note, pre, table
 
-FP8_CHOICES = (
-    ("dequantize: FP8 payloads to the dtype (bfloat16 if as stored)", "dequantize"),
-    ("unwrap: FP8 training wrappers to their master weights", "unwrap"),
-    ("keep: raw float8 data plus scales", "keep"),
-)
 # Progress messages at most this often (seconds), so a many-tensor export does not flood.
 UPDATE_EVERY = 0.1
 _WIDE = {"description_width": "120px"}
@@ -54,17 +51,17 @@ class ExportPanel(w.VBox):
         self.thread: threading.Thread | None = None
         self.result: ExportResult | None = None
         self.format = w.ToggleButtons(
-            options=[(".safetensors", "safetensors"), (".pt", "pt")],
+            options=[(f".{name}", name) for name in EXPORT_FORMATS],
             description="Format",
             style=_WIDE,
         )
         self.dtype = w.Dropdown(
-            options=[("as stored", None), *((d, d) for d in DTYPES)],
+            options=[("as stored", None), *((d, d) for d in CAST_DTYPES)],
             description="dtype",
             style=_WIDE,
         )
         self.fp8 = w.Dropdown(
-            options=list(FP8_CHOICES),
+            options=[(f"{mode}: {text}", mode) for mode, text in FP8_MODE_HELP.items()],
             description="FP8",
             layout=w.Layout(width="560px"),
             style=_WIDE,
@@ -75,7 +72,9 @@ class ExportPanel(w.VBox):
             description="model. prefix",
             style=_WIDE,
         )
-        self.max_shard_size = w.Text(value="5GB", description="Max shard size", style=_WIDE)
+        self.max_shard_size = w.Text(
+            value=DEFAULT_SHARD_SIZE, description="Max shard size", style=_WIDE
+        )
         self.out = w.Text(
             value=self.options.out,
             description="Output folder",

@@ -22,15 +22,16 @@ class Header(w.HTML):
         s = summarize(ck)
         model = s.by_component.get("model", Totals())
         ranks = f"{s.ranks} ranks" if s.ranks else "ranks not recorded"
+        tone = LAYOUT_TONES.get(s.layout, "warn")
         line = (
-            f"<b>{esc(ck.format)}</b> &middot; layout {badge(s.layout, LAYOUT_TONES[s.layout])} "
+            f"<b>{esc(ck.format)}</b> &middot; layout {badge(s.layout, tone)} "
             f"{esc(s.layout_reason)}<br>{s.keys:,} keys &middot; model: {model.numel:,} "
             f"parameters ({human_bytes(model.nbytes)}) &middot; all tensors: "
             f"{s.tensors.count:,}, {human_bytes(s.tensors.nbytes)} &middot; {s.files} files "
             f"&middot; {ranks}"
         )
         self.value = (
-            f'<div style="font-size:14px"><code>{esc(ck.path)}</code></div><div>{line}</div>'
+            f'<div style="font-size:14px"><code>{esc(ck.location)}</code></div><div>{line}</div>'
             '<details><summary class="inspector-note">how the layout was decided</summary>'
             f"{pre(ck.describe_layout())}</details>"
             '<div style="display:flex;gap:24px;flex-wrap:wrap">'

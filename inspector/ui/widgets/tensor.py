@@ -10,7 +10,7 @@ import ipywidgets as w
 from inspector.checkpoint import Checkpoint
 from inspector.entry import Entry
 from inspector.keys.tree import KeyNode
-from inspector.ui.views.text import human_bytes, shape_text
+from inspector.ui.views.text import human_bytes, shape_text, value_text
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.markup import facts, heading, limited, note, pre, table, totals_table
 
@@ -24,9 +24,7 @@ def histogram_png(ck: Checkpoint, key: str, range: tuple[float, float] | None = 
     """The histogram figure as PNG bytes (Agg canvas, no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from inspector.analysis.stats import plot_histogram
-
-    figure = plot_histogram(ck, key, HISTOGRAM_BINS, range=range)
+    figure = ck.histogram(key, HISTOGRAM_BINS, range).plot()
     FigureCanvasAgg(figure)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=72)
@@ -62,8 +60,11 @@ class TensorPanel(w.VBox):
             self.details.value = _subtree(node)
             return
         tensor = self.entry.kind == "tensor"
-        self.stats_button.disabled = not tensor or bool(self.entry.error)
-        self.value_button.disabled = tensor or bool(self.entry.error)
+        if tensor:
+            self.ck.detection(self.entry.key)
+        broken = bool(self.ck.facts(self.entry.key).error)
+        self.stats_button.disabled = not tensor or broken
+        self.value_button.disabled = tensor or broken
         self.details.value = self._describe(self.entry, node.prefix)
 
     def _describe(self, entry: Entry, spelled: str) -> str:
@@ -74,17 +75,17 @@ class TensorPanel(w.VBox):
                     ("stored key", entry.key if entry.key != spelled else None),
                     ("component", entry.component),
                     ("kind", entry.kind),
-                    ("dtype", entry.dtype_name),
+                    ("dtype", entry.dtype),
                     ("global shape", shape_text(entry)),
                     ("elements", f"{entry.numel:,}" if entry.kind == "tensor" else None),
                     ("size", human_bytes(entry.nbytes)),
                     ("files", ", ".join(entry.files)),
-                    ("unreadable", entry.error),
+                    ("unreadable", self.ck.facts(entry.key).error),
                 ]
             ),
         ]
         if entry.kind == "tensor":
-            found = self.ck.inspect_subclass(entry.key)
+            found = self.ck.detection(entry.key)
             parts.append(heading("subclass and FP8"))
             parts.append(
                 facts(
@@ -110,6 +111,8 @@ class TensorPanel(w.VBox):
 
     def show_stats(self) -> None:
         """Read this one tensor, chunk by chunk: summary numbers and a histogram."""
+        if self.entry is None:
+            return
         key = self.entry.key
         found = self.ck.stats(key)
         rows = [(name, _number(getattr(found, name))) for name in STAT_FIELDS]
@@ -120,7 +123,9 @@ class TensorPanel(w.VBox):
         self.histogram.layout.display = ""
 
     def show_value(self) -> None:
-        text = repr(self.ck.read_object(self.entry.key))
+        if self.entry is None:
+            return
+        text = value_text(self.ck.read_object(self.entry.key))
         cut = (
             f"\n... ({len(text) - VALUE_CHARS:,} more characters)"
             if len(text) > VALUE_CHARS

@@ -9,7 +9,8 @@ import ipywidgets as w
 from inspector.checkpoint import Checkpoint
 from inspector.entry import Entry
 from inspector.errors import MissingKeyError
-from inspector.keys.components import FILTER_MODES, VIEWS, filter_entries, view_key
+from inspector.keys.filters import FILTER_MODES, filter_entries
+from inspector.keys.spellings import VIEWS, view_key
 from inspector.keys.tree import KeyNode, build_tree
 from inspector.ui.views.outline import CHILDREN_PAGE, Outline, Row, entry_page
 from inspector.ui.views.text import human_bytes, shape_text
@@ -31,7 +32,7 @@ def row_label(row: Row, page: int) -> str:
     marker = "\u25be" if row.expanded else "\u25b8" if row.expandable else "\u2022"
     entry = row.entry
     if entry is not None and not row.expandable:
-        detail = f"{entry.dtype_name or entry.kind}{GAP}{shape_text(entry)}"
+        detail = f"{entry.dtype or entry.kind}{GAP}{shape_text(entry)}"
     else:
         detail = f"{row.count:,} {'key' if row.count == 1 else 'keys'}"
     return f"{pad}{marker} {row.name}{GAP}{detail}{GAP}{human_bytes(row.nbytes)}"
@@ -155,18 +156,20 @@ class TreePanel(w.VBox):
         page = entry_page(node, number)
         self.page = page.number
         self.ck.scan([e.key for e in page.entries], progress=False)
-        rows = [
-            (
-                key,
-                e.dtype_name or e.kind,
-                shape_text(e),
-                human_bytes(e.nbytes),
-                len(e.chunks),
-                e.subclass or "",
-                e.fp8 or (f"unreadable: {e.error}" if e.error else ""),
+        rows = []
+        for key, e in zip(page.keys, page.entries, strict=True):
+            found = self.ck.facts(e.key)
+            rows.append(
+                (
+                    key,
+                    e.dtype or e.kind,
+                    shape_text(e),
+                    human_bytes(e.nbytes),
+                    len(e.chunks),
+                    found.subclass or "",
+                    found.fp8 or (f"unreadable: {found.error}" if found.error else ""),
+                )
             )
-            for key, e in zip(page.keys, page.entries, strict=True)
-        ]
         where = node.prefix if node.depth else "all keys"
         shown = f"{page.start + 1:,}-{page.start + len(rows):,}" if rows else "none"
         self.entries.value = heading(f"{where}: entries {shown} of {page.total:,}") + table(

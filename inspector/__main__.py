@@ -1,0 +1,7 @@
+"""``python -m inspector``: the ``ckpt-inspect`` command line."""
+
+import sys
+
+from inspector.ui.cli import main
+
+sys.exit(main())

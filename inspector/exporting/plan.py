@@ -1,0 +1,275 @@
+"""What an export writes: the chosen entries, each output's final name, dtype and shape, and
+how it is produced; and the vocabulary of exports (formats, FP8 modes, dtypes, shard size).
+
+A plan is computed from metadata and chunk pickles alone (no tensor data is read and, for
+plain copies, torch is not imported); :mod:`.run` writes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
+
+from inspector import dtypes
+from inspector.errors import ExportError, UsageError
+from inspector.exporting.fp8 import DEFAULT_FP8_DTYPE, Output, plan_fp8
+from inspector.formats.writing import Item
+from inspector.keys.spellings import view_key
+
+if TYPE_CHECKING:
+    import torch
+
+    from inspector.checkpoint import Checkpoint
+
+EXPORT_FORMATS = ("safetensors", "pt")
+CAST_DTYPES = ("bfloat16", "float16", "float32")  # what the app and CLI offer to cast to
+ON_ERROR = ("fail", "skip")
+DEFAULT_SHARD_SIZE = "5GB"  # huggingface_hub's default (decimal)
+INDEX_NAME = "model.safetensors.index.json"
+Rename = Mapping[str, str] | Callable[[str], str] | None
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+}
+
+
+def parse_size(value: int | str) -> int:
+    """``5GB`` (decimal, like huggingface_hub), ``512MiB``, or a number of bytes."""
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.match(str(value))
+        if not match or match.group(2).upper() not in _UNITS:
+            raise UsageError(f"cannot read size {value!r}; use e.g. '5GB', '500MB' or bytes")
+        size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if size <= 0:
+        raise UsageError(f"size must be positive, got {value!r}")
+    return size
+
+
+def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise UsageError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One tensor of the export: the writer's Item plus where it came from and how it was made.
+
+    ``path`` is the nested path a ``nested=True`` .pt places it at.
+    """
+
+    item: Item
+    entry_key: str
+    path: tuple[Any, ...]
+    conversion: str | None
+
+
+def select(
+    ck: Checkpoint,
+    model_only: bool,
+    include: Iterable[str] | None,
+    exclude: Iterable[str] | None,
+    on_error: str,
+    tensors_only: bool,
+) -> tuple[list[str], dict[str, str]]:
+    """The stored keys to export (matched against stored and flattened spellings), and the
+    keys left out with the reason (unreadable ones only in skip mode)."""
+    chosen, skipped = [], {}
+    include, exclude = list(include or []), list(exclude or [])
+    for entry in ck.entries():
+        names = (entry.key, view_key(entry, "flattened"))
+        if model_only and entry.component != "model":
+            continue
+        if include and not any(fnmatchcase(n, p) for n in names for p in include):
+            continue
+        if any(fnmatchcase(n, p) for n in names for p in exclude):
+            continue
+        error = ck.facts(entry.key).error
+        if entry.kind == "object" and tensors_only:
+            skipped[entry.key] = "not a tensor (safetensors holds tensors only)"
+        elif error:
+            _refuse_or_skip(ck, entry.key, error, on_error, skipped)
+        else:
+            chosen.append(entry.key)
+    return chosen, skipped
+
+
+def _refuse_or_skip(
+    ck: Checkpoint, key: str, error: str, on_error: str, skipped: dict[str, str]
+) -> None:
+    if on_error == "fail":
+        raise ExportError(
+            f"cannot be read ({error}); pass on_error='skip' to leave it out",
+            file=ck.location,
+            key=key,
+        )
+    skipped[key] = f"unreadable: {error}"
+
+
+def outputs(
+    ck: Checkpoint, tensor_keys: list[str], mode: str, dtype: str | None, on_error: str
+) -> tuple[list[Output], dict[str, str]]:
+    """The FP8 plan; planning scans chunk pickles, which can find damage that open did not."""
+    found, consumed = plan_fp8(ck, tensor_keys, mode, dtype or DEFAULT_FP8_DTYPE)
+    skipped: dict[str, str] = {}
+    unreadable = set()
+    for key in tensor_keys:
+        error = ck.facts(key).error
+        if error:
+            _refuse_or_skip(ck, key, error, on_error, skipped)
+            unreadable.add(key)
+    return [o for o in found if o.sources[0] not in unreadable], {**consumed, **skipped}
+
+
+def name_outputs(
+    ck: Checkpoint, found: list[Output], dtype: str | None, flatten: bool, rename: Rename
+) -> list[Planned]:
+    """Each output's final name (flattened and renamed), dtype after the optional cast, and
+    how its bytes are made; two outputs with one name are refused."""
+    rename_fn = _rename_function(rename, ck)
+    planned: list[Planned] = []
+    seen: dict[str, str] = {}
+    for output in found:
+        entry = ck.entry(output.sources[0])
+        suffix = output.name[len(entry.key) :]
+        base = view_key(entry, "flattened") if flatten else entry.key
+        name = rename_fn(entry.key, base) + suffix  # split FP8 parts follow their tensor
+        if name in seen:
+            raise ExportError(
+                f"two tensors would both be written as {name!r}: "
+                f"{seen[name]!r} and {output.name!r}",
+                key=name,
+            )
+        seen[name] = output.name
+        item_dtype, shape, reader, cast = _output_form(output, dtype)
+        path = (*entry.nested_path[:-1], str(entry.nested_path[-1]) + suffix)
+        plain = output.conversion is None and not cast and output.name == entry.key
+        ranges = functools.partial(ck.byte_ranges, entry.key) if plain else None
+        item = Item(name, item_dtype, shape, reader, ranges)
+        planned.append(Planned(item, entry.key, path, _conversion(output, item_dtype, cast)))
+    return planned
+
+
+def _output_form(
+    output: Output, dtype: str | None
+) -> tuple[str, tuple[int, ...], Callable[[], torch.Tensor], bool]:
+    """(dtype, shape, reader, cast?) of an output after the export's optional cast."""
+    if output.dtype is None or output.shape is None:  # split FP8 parts: learn by reading once
+        probe = output.read()
+        out_dtype, shape = str(probe.dtype).removeprefix("torch."), tuple(probe.shape)
+        del probe
+    else:
+        out_dtype, shape = output.dtype, tuple(output.shape)
+    if dtype is not None and dtype != out_dtype and _castable(output, out_dtype):
+        return dtype, shape, functools.partial(_cast, output, dtype), True
+    return out_dtype, shape, output.read, False
+
+
+def _cast(output: Output, dtype: str) -> torch.Tensor:
+    return output.read().to(dtypes.to_torch(dtype))
+
+
+def _castable(output: Output, dtype: str) -> bool:
+    """Only high-precision values are cast: never float8 data, scales or split FP8 parts."""
+    return dtype in dtypes.HIGH_PRECISION and not output.raw
+
+
+def _conversion(output: Output, dtype: str, cast: bool) -> str | None:
+    if not cast:
+        return output.conversion
+    text = f"cast to {dtype}"
+    return f"{output.conversion}; {text}" if output.conversion else text
+
+
+def _rename_function(rename: Rename, stored: Container[str]) -> Callable[[str, str], str]:
+    """(stored key, current name) -> final name.
+
+    A mapping's stored keys (e.g. all of a KeyReport's ``mapping()``) rename exactly and are
+    never also patterns; its other entries are regexes, compiled when first needed.
+    """
+    if rename is None:
+        return lambda key, name: name
+    if callable(rename):
+        function = rename
+        return lambda key, name: function(name)
+    exact = dict(rename)
+    patterns: list[tuple[re.Pattern[str], str]] | None = None
+
+    def apply(key: str, name: str) -> str:
+        nonlocal patterns
+        if key in exact:
+            return exact[key]
+        if name in exact:
+            return exact[name]
+        if patterns is None:
+            patterns = [(re.compile(p), r) for p, r in exact.items() if p not in stored]
+        for pattern, replacement in patterns:
+            name = pattern.sub(replacement, name)
+        return name
+
+    return apply
+
+
+def plan_shards(items: Sequence[Item], max_shard_size: int) -> list[list[Item]]:
+    """Greedy, order-preserving split; a tensor larger than the limit gets a shard alone."""
+    shards: list[list[Item]] = [[]]
+    used = 0
+    for item in items:
+        if shards[-1] and used + item.nbytes > max_shard_size:
+            shards.append([])
+            used = 0
+        shards[-1].append(item)
+        used += item.nbytes
+    return shards
+
+
+def shard_names(count: int) -> list[str]:
+    """``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` (Hugging Face's names)."""
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def nested_structure(leaves: Iterable[tuple[tuple[Any, ...], Any]]) -> dict[Any, Any]:
+    """A dict with each value placed at its path, creating dicts (or lists for integer
+    steps) like DCP's unflattening does."""
+    root: dict[Any, Any] = {}
+    for path, value in leaves:
+        _set_nested(root, path, value)
+    return root
+
+
+def _set_nested(root: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
+    node: Any = root
+    for step, following in itertools.pairwise(path):
+        empty: Any = [] if isinstance(following, int) else {}
+        if isinstance(node, list):
+            node.extend(None for _ in range(step + 1 - len(node)))
+            node[step] = node[step] if node[step] is not None else empty
+            node = node[step]
+        else:
+            node = node.setdefault(step, empty)
+    last = path[-1]
+    if isinstance(node, list):
+        node.extend(None for _ in range(last + 1 - len(node)))
+    node[last] = value

@@ -1,0 +1,229 @@
+"""Writing torch.save archives that ``torch.load(weights_only=True)`` reads (``mmap=True`` too).
+
+torch's own zip writer lays out the archive and ``data.pkl`` is spelled exactly as
+``torch.save`` spells tensors, so no extra globals are needed to load it. Each storage
+record is only reserved by the writer; the sink it writes through fills the reserved
+bytes there and then, one tensor at a time (a single front-to-back pass), and the
+records' CRC-32s are set at the end.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import pickle
+import struct
+import sys
+import zipfile
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from inspector import dtypes
+from inspector.errors import ExportError
+from inspector.formats.safe_pickle import LEGACY_STORAGE_DTYPES
+from inspector.formats.torch_archive import contiguous_strides
+from inspector.formats.writing import Item, write_item
+from inspector.storage.copy import write_all
+
+
+def write_torch_save(path: Path, structure: Any, progress: Callable[[Item], None]) -> None:
+    """A torch.save archive of ``structure`` (nested dicts/lists; Item leaves become tensors)."""
+    items = list(_items_in(structure))
+    storages = [_Storage(str(i), item.dtype, math.prod(item.shape)) for i, item in enumerate(items)]
+    by_id = {id(item): storage for item, storage in zip(items, storages, strict=True)}
+    buffer = io.BytesIO()
+    _ArchivePickler(buffer, protocol=2).dump(
+        _replace_leaves(structure, lambda item: _TensorReduction(item, by_id[id(item)]))
+    )
+    with open(path, "w+b", buffering=0) as f:
+        sink = _Sink(f, [item for item in items if item.nbytes], progress)
+        writer = torch._C.PyTorchFileWriter(sink)  # type: ignore[call-overload]  # a file-like
+        try:
+            for item, storage in zip(items, storages, strict=True):
+                writer.write_record_metadata(f"data/{storage.key}", item.nbytes)
+            for name, data in (
+                ("data.pkl", buffer.getvalue()),
+                (".format_version", b"1"),
+                (".storage_alignment", b"64"),
+                ("byteorder", sys.byteorder.encode()),
+            ):
+                writer.write_record(name, data, len(data))
+            writer.write_end_of_file()
+        finally:
+            del writer  # an unfinished writer finishes the archive here, into the sink
+        if sink.error is not None:
+            raise sink.error
+        filled = zip(sink.items, sink.crcs, strict=True)
+        _set_crcs(f, {f"data/{by_id[id(item)].key}": crc for item, crc in filled})
+        os.fsync(f.fileno())
+
+
+class _Sink:
+    """What torch's zip writer writes through.
+
+    Where the writer skips over a reserved storage record, the next item's bytes are
+    written instead, so the archive is written front to back in one pass. Any failure
+    (disk full, unreadable source, an interrupt) is kept and raised by the caller once
+    torch is done: torch's writer would throw again from its destructor, which aborts
+    the whole process.
+    """
+
+    def __init__(self, f: BinaryIO, items: list[Item], progress: Callable[[Item], None]) -> None:
+        self.f, self.items, self.progress = f, items, progress
+        self.error: BaseException | None = None
+        self.crcs: list[int] = []  # of the items filled so far, in order
+
+    def write(self, data: Any) -> int:
+        if self.error is None:
+            try:
+                write_all(self.f.fileno(), data)
+            except OSError as exc:
+                self.error = exc
+        return memoryview(data).nbytes
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if self.error is not None:
+            return 0
+        try:
+            if whence == os.SEEK_CUR and offset > 0 and len(self.crcs) < len(self.items):
+                item = self.items[len(self.crcs)]
+                if offset != item.nbytes:
+                    raise ExportError(
+                        f"zip writer reserved {offset} bytes for {item.nbytes}", key=item.name
+                    )
+                self.crcs.append(write_item(self.f.fileno(), item, crc=True))
+                self.progress(item)
+                return self.f.tell()
+            return self.f.seek(offset, whence)
+        except BaseException as exc:
+            self.error = exc
+            return 0
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+
+def _set_crcs(f: BinaryIO, crcs: dict[str, int]) -> None:
+    """Store each filled record's CRC-32 (by record name below the archive's top folder) in
+    its local header and central-directory entry."""
+    archive = zipfile.ZipFile(f)
+    central = archive.start_dir
+    crcs = {
+        info.filename: crcs[name]
+        for info in archive.infolist()
+        if (name := info.filename.partition("/")[2]) in crcs
+    }
+    for info in archive.infolist():
+        if info.filename in crcs:
+            f.seek(info.header_offset + 14)
+            f.write(struct.pack("<I", crcs[info.filename]))
+    f.seek(central)
+    for info in archive.infolist():
+        fixed = f.read(46)
+        if fixed[:4] != b"PK\x01\x02":
+            raise ExportError("unexpected zip layout while setting CRC-32s", file=f.name)
+        name_len, extra_len, comment_len = struct.unpack("<HHH", fixed[28:34])
+        if info.filename in crcs:
+            f.seek(-30, os.SEEK_CUR)
+            f.write(struct.pack("<I", crcs[info.filename]))
+            f.seek(26, os.SEEK_CUR)
+        f.seek(name_len + extra_len + comment_len, os.SEEK_CUR)
+
+
+# torch.save names a storage by its legacy typed class where one exists (FloatStorage, ...);
+# newer dtypes (float8, uint16, ...) go as UntypedStorage bytes plus a dtype argument.
+_LEGACY_STORAGE = {dtype: name for name, dtype in LEGACY_STORAGE_DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class _Storage:
+    key: str
+    dtype: str
+    numel: int
+
+
+class _TensorReduction:
+    """Pickles as torch.save pickles a contiguous tensor whose bytes are ``storage``."""
+
+    def __init__(self, item: Item, storage: _Storage) -> None:
+        self.item, self.storage = item, storage
+
+    def __reduce__(self) -> tuple:
+        shape = tuple(self.item.shape)
+        stride = tuple(contiguous_strides(shape))
+        if self.item.dtype in _LEGACY_STORAGE:
+            return torch._utils._rebuild_tensor_v2, (
+                self.storage,
+                0,
+                shape,
+                stride,
+                False,
+                OrderedDict(),
+            )
+        return torch._utils._rebuild_tensor_v3, (
+            self.storage,
+            0,
+            shape,
+            stride,
+            False,
+            OrderedDict(),
+            dtypes.to_torch(self.item.dtype),
+        )
+
+
+class _ArchivePickler(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> tuple | None:
+        if not isinstance(obj, _Storage):
+            return None
+        legacy = _LEGACY_STORAGE.get(obj.dtype)
+        if legacy is not None:
+            return ("storage", getattr(torch, legacy), obj.key, "cpu", obj.numel)
+        size = obj.numel * dtypes.itemsize(obj.dtype)
+        return ("storage", torch.UntypedStorage, obj.key, "cpu", size)
+
+
+def _replace_leaves(value: Any, fn: Callable[[Item], Any]) -> Any:
+    if isinstance(value, Item):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _replace_leaves(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_leaves(v, fn) for v in value]
+    return value
+
+
+def _items_in(value: Any) -> Iterator[Item]:
+    if isinstance(value, Item):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _items_in(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _items_in(v)
+
+
+_WEIGHTS_ONLY_TYPES = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.Size)
+
+
+def weights_only_problem(value: Any) -> str | None:
+    """Why ``value`` cannot round-trip through ``torch.load(weights_only=True)``, or None."""
+    if isinstance(value, _WEIGHTS_ONLY_TYPES):
+        return None
+    if isinstance(value, torch.Tensor):
+        return "holds a tensor inside an object"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            problem = weights_only_problem(k) or weights_only_problem(v)
+            if problem:
+                return problem
+        return None
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return next((p for p in map(weights_only_problem, value) if p), None)
+    return f"a {type(value).__module__}.{type(value).__qualname__}"

@@ -1,0 +1,58 @@
+"""Which model parameter an optimizer entry belongs to (``optimizer.state.<fqn>.exp_avg``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inspector.entry import Entry
+
+
+@dataclass(frozen=True)
+class OptimizerRef:
+    """An optimizer entry's reference to a parameter.
+
+    ``fqn`` is exact when the nested path kept it apart (``("optimizer", "state", fqn,
+    "exp_avg")``); after DCP's flattening (``"state.<fqn>.exp_avg"``) only ``text``, the
+    FQN followed by the state's own name, is known.
+    """
+
+    section: str
+    text: str
+    fqn: str | None
+
+    @property
+    def guessed_fqn(self) -> str:
+        """The exact FQN, or the text without its last segment (the state's name)."""
+        return self.fqn if self.fqn is not None else self.text.rpartition(".")[0]
+
+
+_OPTIMIZER_SECTIONS = ("state", "param_groups")
+
+
+def optimizer_ref(entry: Entry) -> OptimizerRef | None:
+    """The parameter an optimizer entry belongs to; None when it names none (or by index)."""
+    if entry.component != "optimizer":
+        return None
+    path = entry.nested_path
+    if len(path) >= 4 and path[1] in _OPTIMIZER_SECTIONS:
+        if not isinstance(path[2], str) or path[2].isdigit():
+            return None
+        return OptimizerRef(path[1], ".".join(str(p) for p in path[2:]), path[2])
+    if len(path) != 2 or not isinstance(path[1], str):
+        return None
+    section, _, text = path[1].partition(".")
+    if section not in _OPTIMIZER_SECTIONS or "." not in text or text.split(".", 1)[0].isdigit():
+        return None
+    return OptimizerRef(section, text, None)
+
+
+def resolve_optimizer_fqn(ref: OptimizerRef, fqns: set[str] | frozenset[str]) -> str | None:
+    """The FQN in ``fqns`` the reference names (longest dotted prefix of its text); else None."""
+    if ref.fqn is not None:
+        return ref.fqn if ref.fqn in fqns else None
+    text = ref.text
+    while "." in text:
+        text = text.rpartition(".")[0]
+        if text in fqns:
+            return text
+    return None

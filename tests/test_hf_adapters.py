@@ -130,6 +130,9 @@ def test_export_leaves_out_training_state_tied_head_and_expert_bias(torchtitan_m
     plan = hf.to_hf(qwen3, torchtitan_models.config("qwen3"))
     head = "lm_head.weight" if naming == "torchtitan" else "output.weight"
     assert "tied" in plan.left_out[head]
+    assert plan.must_equal == ((head, "tok_embeddings.weight"),)
+    pair = read_dcp(torchtitan_models.dcp("qwen3", naming, "flat"), plan.must_equal[0], qwen3)
+    assert torch.equal(*pair.values())
     # the tensor entries only: lr_scheduler and dataloader state are bytes items
     assert {k.split(".")[0] for k in plan.left_out if k != head} == {"optimizer", "train_state"}
     assert "lm_head.weight" not in plan.tensors()

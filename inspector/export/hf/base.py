@@ -81,7 +81,9 @@ class Output:
 @dataclass(frozen=True)
 class Plan:
     """Everything an exporter needs: outputs in write order, the keys it leaves out (and
-    why), the checked HF config to write, and notes about fields transformers will default."""
+    why), the checked HF config to write, notes about fields transformers will default, and
+    ``must_equal``: source key pairs the export assumes equal (a tied head left out), which
+    the exporter should compare before it trusts the result."""
 
     arch: str
     direction: str
@@ -91,6 +93,7 @@ class Plan:
     config: dict
     notes: tuple[str, ...] = ()
     reason: str = ""
+    must_equal: tuple[tuple[str, str], ...] = ()
 
     def tensors(self) -> dict[str, TensorMeta]:
         """Each written tensor's full shape and dtype (pieces counted once)."""
@@ -226,13 +229,24 @@ def plan_to_hf(
             pending.append((rule.hf.format(**slots), src, rule.kind, meta.shape, meta.dtype, None))
     cfg, notes = arch.configure(config, Shapes({p[0]: p[3] for p in pending}))
     tie = tied(cfg, has_head=any(p[0] == LM_HEAD for p in pending))
-    outputs = []
+    outputs, same = [], []
+    embed = next(p[1] for p in pending if p[0] == EMBED)
     for name, src, kind, shape, dtype, index in pending:
         if tie and name == LM_HEAD:
             left_out[src] = f"tied: HF reads lm_head from {EMBED} (tie_word_embeddings is true)"
+            same.append((src, embed))
             continue
         outputs.append(Output(name, src, to_hf_transform(kind, cfg, index), shape, dtype))
-    return Plan(arch.name, "to_hf", naming, tuple(outputs), left_out, cfg, tuple(notes))
+    return Plan(
+        arch.name,
+        "to_hf",
+        naming,
+        tuple(outputs),
+        left_out,
+        cfg,
+        tuple(notes),
+        must_equal=tuple(same),
+    )
 
 
 def plan_from_hf(

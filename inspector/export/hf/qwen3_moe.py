@@ -20,7 +20,10 @@ NUM_EXPERTS = Field(
     count=(decoder.HF_LAYER + EXPERT + "gate_proj.weight", "expert"),
     aliases=("num_local_experts",),
 )
-BIAS_NOTE = "torchtitan load-balancing state; HF Qwen3-MoE has none (routing ignores it)"
+BIAS_NOTE = (
+    "torchtitan load-balancing state: HF Qwen3-MoE picks experts without a bias, so a nonzero "
+    "one routes differently there (torchtitan's own to_hf drops it too)"
+)
 
 ARCH = Architecture(
     name="qwen3_moe",

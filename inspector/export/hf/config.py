@@ -67,6 +67,14 @@ def mismatch(name: str, given: Any, derived: Any, why: str, key: str | None = No
     )
 
 
+def settle(cfg: dict, name: str, value: Any, why: str, key: str | None = None) -> None:
+    """Fill ``name`` with the value the weights imply, or refuse a config that says otherwise."""
+    given = cfg.get(name)
+    if given is not None and given != value:
+        raise mismatch(name, given, value, why, key)
+    cfg[name] = value
+
+
 def resolve(
     arch: str, model_type: str, fields: tuple[Field, ...], config: Mapping | None, shapes: Shapes
 ) -> tuple[dict, list[str]]:

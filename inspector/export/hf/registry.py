@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import ExportError
-from inspector.export.hf import llama3, qwen3, qwen3_moe
+from inspector.export.hf import deepseek_v3, llama3, qwen3, qwen3_moe
 from inspector.export.hf.base import (
     NAMINGS,
     Architecture,
@@ -21,7 +21,7 @@ from inspector.export.hf.base import (
 from inspector.export.hf.names import abstract, template_form
 
 ARCHITECTURES: dict[str, Architecture] = {
-    a.name: a for a in (llama3.ARCH, qwen3.ARCH, qwen3_moe.ARCH)
+    a.name: a for a in (llama3.ARCH, qwen3.ARCH, qwen3_moe.ARCH, deepseek_v3.ARCH)
 }
 
 

@@ -359,3 +359,15 @@ def test_mixed_generations_are_refused(torchtitan_models):
     metas["output.weight"] = metas["lm_head.weight"]
     with pytest.raises(InspectorError, match="no llama3 rule"):
         hf.get("llama3").to_hf(metas, torchtitan_models.config("llama3"))
+
+
+def test_outputs_keep_the_source_dtype(torchtitan_models):
+    folder = {k: v.bfloat16() for k, v in read_folder(torchtitan_models.hf("qwen3_moe")).items()}
+    metas = {k: (tuple(v.shape), v.dtype) for k, v in folder.items()}
+    plan = hf.from_hf(metas, torchtitan_models.config("qwen3_moe"), naming="torchtitan-2025")
+    assert {o.dtype for o in plan.outputs} == {torch.bfloat16}
+    got = checked_apply(plan, folder.__getitem__)
+    stacked = torch.stack(
+        [folder[f"model.layers.2.mlp.experts.{e}.up_proj.weight"] for e in range(4)]
+    )
+    assert torch.equal(got["layers.2.moe.experts.w3"], stacked)

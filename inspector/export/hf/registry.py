@@ -61,13 +61,16 @@ def detect(keys: Iterable[str]) -> Detection:
         for mapping in (layouts(model) if naming != "hf" else [{k: k for k in model}])
     ]
     good = [f for f in fits if not f.misses and not f.absent]
-    if len(good) != 1:
+    if not good:
         best = {}
         for f in sorted(fits, key=lambda f: len(f.misses) + len(f.absent), reverse=True):
             best[f.arch.name] = f
         why = "; ".join(_why_not(f) for f in best.values())
-        what = "no known architecture" if not good else "several architectures"
-        raise ExportError(f"{what} fits these keys ({why}): pass arch=")
+        raise ExportError(f"no known architecture fits these keys ({why}): pass arch=")
+    if len({f.arch.name for f in good}) > 1:
+        names = ", ".join(sorted({f.arch.name for f in good}))
+        raise ExportError(f"several architectures fit these keys ({names}): pass arch=")
+    # Keys that read the same in both generations: the first naming (0.3) is as good as any.
     win = good[0]
     side = "HF names" if win.naming == "hf" else NAMINGS[win.naming]
     prefix = " under the legacy model. prefix" if any(k != v for k, v in win.keys.items()) else ""

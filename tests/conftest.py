@@ -150,6 +150,18 @@ def remote_server(request: pytest.FixtureRequest) -> CountedServer:
     return request.getfixturevalue(f"{request.param}_server")
 
 
+# --- tiny transformers models saved as torchtitan checkpoints (fixtures/torchtitan_models.py)
+
+
+@pytest.fixture(scope="session")
+def torchtitan_models(tmp_path_factory: pytest.TempPathFactory):
+    """llama3, qwen3 (tied) and qwen3_moe: HF folders, HF assets, and DCP saves in both
+    torchtitan namings (flat and ``model.``-prefixed; llama3 also FSDP2 and FP8 on 2 ranks)."""
+    from tests.fixtures import torchtitan_models
+
+    return torchtitan_models.build(tmp_path_factory.mktemp("torchtitan_models"))
+
+
 # --- hostile input (tests/hostile/): genuine starting points, and the counts in the summary --
 
 

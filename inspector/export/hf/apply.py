@@ -1,0 +1,33 @@
+"""Run a plan in memory (small models, tests): the reference a streaming exporter matches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from inspector.export.hf.base import Plan
+
+
+def apply_plan(plan: Plan, read: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``{name: tensor}`` for every output of ``plan``; pieces are copied into whole tensors.
+
+    Each source is read once in a row of outputs that share it (the order plans emit).
+    """
+    out: dict[str, torch.Tensor] = {}
+    last_key, last = None, None
+    for o in plan.outputs:
+        if o.source != last_key:
+            last_key, last = o.source, read(o.source)
+        value = o.transform(last)
+        if o.offsets is None:
+            out[o.name] = value
+            continue
+        whole = out.get(o.name)
+        if whole is None:
+            whole = out[o.name] = torch.empty(o.full_shape, dtype=o.dtype)
+        region = whole
+        for axis, (start, size) in enumerate(zip(o.offsets, o.shape, strict=True)):
+            region = region.narrow(axis, start, size)
+        region.copy_(value)
+    return out

@@ -3,8 +3,8 @@ names and torchtitan's names in ``models/<arch>/state_dict_adapter.py`` (0.3 and
 
 from __future__ import annotations
 
-from inspector.export.hf.base import COPY, ROPE_K, ROPE_Q, Rule
-from inspector.export.hf.config import Field
+from inspector.exporting.hf.base import COPY, ROPE_K, ROPE_Q, Rule
+from inspector.exporting.hf.config import Field
 
 HF_LAYER = "model.layers.{layer}."
 TT_LAYER = "layers.{layer}."

@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from inspector.errors import InspectorError
-from inspector.export import hf
+from inspector.exporting import hf
 from tests.fixtures import torchtitan_models as tm
 
 CASES = [

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import ExportError
-from inspector.export.hf.names import abstract, slot_values, template_form
+from inspector.exporting.hf.names import abstract, slot_values, template_form
 
 SUPPLY = "pass it in hf_config (a dict or a config.json path) or give hf_assets with a config.json"
 
@@ -126,6 +126,8 @@ def derive(field: Field, shapes: Shapes) -> tuple[int, str, str] | None:
 
 def count(field: Field, shapes: Shapes) -> tuple[int, str, str] | None:
     """How many consecutive values a slot takes (per value of the other slots)."""
+    if field.count is None:
+        return None
     template, slot = field.count
     groups: dict[tuple, set[int]] = {}
     for _, slots, _ in shapes.instances(template):

@@ -12,9 +12,9 @@ from typing import Any, NamedTuple
 import torch
 
 from inspector.errors import ExportError
-from inspector.export.hf import transforms
-from inspector.export.hf.config import Check, Field, Shapes, resolve
-from inspector.export.hf.names import abstract, slot_values, template_form
+from inspector.exporting.hf import transforms
+from inspector.exporting.hf.config import Check, Field, Shapes, resolve
+from inspector.exporting.hf.names import abstract, slot_values, template_form
 
 NAMINGS = {"torchtitan": "torchtitan 0.3 names", "torchtitan-2025": "torchtitan July-2025 names"}
 COMPONENTS = ("optimizer.", "lr_scheduler.", "train_state.", "dataloader.")
@@ -123,10 +123,17 @@ class Architecture:
         rule, slots = found
         return rule, slot_values(key, slots)
 
+    def rule_for(self, key: str, side: str) -> tuple[Rule, dict[str, int]]:
+        """:meth:`match` for a key known to match (checked before planning)."""
+        found = self.match(key, side)
+        if found is None:
+            raise ExportError(f"no {self.name} rule names this key ({side} names)", key=key)
+        return found
+
     @cached_property
     def _index(self) -> dict[str, dict[str, tuple[Rule, tuple[str, ...]]]]:
         """Per side: the rule's name with every slot as ``{}`` -> (rule, slot names in order)."""
-        index = {}
+        index: dict[str, dict[str, tuple[Rule, tuple[str, ...]]]] = {}
         for side in ("hf", *NAMINGS):
             table = index[side] = {}
             for rule in self.rules:
@@ -212,9 +219,9 @@ def plan_to_hf(
     metas = {k: tensor_meta(v) for k, v in tensors.items()}
     model, left_out = model_keys(metas)
     naming, keys = read_titan(arch, model, naming)
-    pending = []
+    pending: list[tuple[str, str, str, tuple[int, ...], Any, int | None]] = []
     for key, src in keys.items():
-        rule, slots = arch.match(key, naming)
+        rule, slots = arch.rule_for(key, naming)
         if rule.hf is None:
             left_out[src] = rule.note
             continue
@@ -255,11 +262,11 @@ def plan_from_hf(
     if naming not in NAMINGS:
         raise ExportError(f"naming {naming!r} is not one of {sorted(NAMINGS)}")
     metas = {k: tensor_meta(v) for k, v in tensors.items()}
-    misses = unmatched(arch, dict.fromkeys(metas), "hf")
+    misses = unmatched(arch, {k: k for k in metas}, "hf")
     if misses:
         shown = ", ".join(repr(k) for k in misses[:3])
         raise ExportError(f"{len(misses)} keys have no {arch.name} HF rule, e.g. {shown}")
-    matched = {key: arch.match(key, "hf") for key in metas}
+    matched = {key: arch.rule_for(key, "hf") for key in metas}
     shapes = Shapes({k: metas[k].shape for k, (rule, _) in matched.items() if rule.titan})
     cfg, notes = arch.configure(config, shapes)
     tie = tied(cfg, has_head=LM_HEAD in metas)
@@ -288,7 +295,7 @@ def plan_from_hf(
             transform = from_hf_transform(rule.kind, cfg)
             outputs.append(Output(target.format(**slots), key, transform, meta.shape, meta.dtype))
     if tie and LM_HEAD not in metas:
-        head = arch.match(LM_HEAD, "hf")[0].name(naming)
+        head = arch.rule_for(LM_HEAD, "hf")[0].name(naming) or LM_HEAD
         outputs.append(Output(head, EMBED, transforms.copy, *metas[EMBED]))
     return Plan(arch.name, "from_hf", naming, tuple(outputs), left_out, cfg, tuple(notes))
 
@@ -312,7 +319,7 @@ def to_hf_transform(kind: str, cfg: dict, index: int | None) -> Callable:
         return partial(transforms.rope_to_hf, heads=cfg["num_attention_heads"])
     if kind == ROPE_K:
         return partial(transforms.rope_to_hf, heads=cfg["num_key_value_heads"])
-    if kind == EXPERTS:
+    if kind == EXPERTS and index is not None:
         return partial(transforms.expert, index=index)
     return transforms.copy
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from inspector.export.hf.base import Plan
+from inspector.exporting.hf.base import Plan
 
 
 def apply_plan(plan: Plan, read: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -15,7 +15,8 @@ def apply_plan(plan: Plan, read: Callable[[str], torch.Tensor]) -> dict[str, tor
     Each source is read once in a row of outputs that share it (the order plans emit).
     """
     out: dict[str, torch.Tensor] = {}
-    last_key, last = None, None
+    last_key: str | None = None
+    last = torch.empty(0)
     for o in plan.outputs:
         if o.source != last_key:
             last_key, last = o.source, read(o.source)
@@ -25,7 +26,7 @@ def apply_plan(plan: Plan, read: Callable[[str], torch.Tensor]) -> dict[str, tor
             continue
         whole = out.get(o.name)
         if whole is None:
-            whole = out[o.name] = torch.empty(o.full_shape, dtype=o.dtype)
+            whole = out[o.name] = torch.empty(o.full_shape or o.shape, dtype=o.dtype)
         region = whole
         for axis, (start, size) in enumerate(zip(o.offsets, o.shape, strict=True)):
             region = region.narrow(axis, start, size)

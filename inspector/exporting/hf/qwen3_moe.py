@@ -5,11 +5,11 @@ orientation); HF keeps one tensor per expert. torchtitan's load-balancing buffer
 HF counterpart and are left out (HF Qwen3-MoE routes without a bias).
 """
 
-from inspector.export.hf import decoder
-from inspector.export.hf.base import EXPERTS, Architecture, Rule
-from inspector.export.hf.config import Field, attention, sparse_layers
-from inspector.export.hf.decoder import layer
-from inspector.export.hf.qwen3 import HEAD_DIM, QK_NORM
+from inspector.exporting.hf import decoder
+from inspector.exporting.hf.base import EXPERTS, Architecture, Rule
+from inspector.exporting.hf.config import Field, attention, sparse_layers
+from inspector.exporting.hf.decoder import layer
+from inspector.exporting.hf.qwen3 import HEAD_DIM, QK_NORM
 
 EXPERT = "mlp.experts.{expert}."
 INNER = "moe.routed_experts.inner_experts."

@@ -8,10 +8,10 @@ reads torchtitan's interleaved RoPE rows as they are. Multi-token-prediction lay
 """
 
 from inspector.errors import ExportError
-from inspector.export.hf import decoder
-from inspector.export.hf.base import EXPERTS, Architecture, Rule
-from inspector.export.hf.config import Field, Shapes, missing, settle
-from inspector.export.hf.decoder import HF_LAYER, layer
+from inspector.exporting.hf import decoder
+from inspector.exporting.hf.base import EXPERTS, Architecture, Rule
+from inspector.exporting.hf.config import Field, Shapes, missing, settle
+from inspector.exporting.hf.decoder import HF_LAYER, layer
 
 EXPERT = "mlp.experts.{expert}."
 INNER = "moe.routed_experts.inner_experts."
@@ -27,8 +27,12 @@ def mla(arch: str, cfg: dict, shapes: Shapes) -> None:
     heads = cfg.get("num_attention_heads")
     if heads is None:
         raise missing(arch, "num_attention_heads", "attention heads per layer")
-    (kv_a, (kv_a_rows, _)), (kv_b, (kv_b_rows, _)) = shapes.first(KV_A), shapes.first(KV_B)
-    q, (q_rows, _) = shapes.first(Q_PROJ) or shapes.first(Q_B)
+    kv_a_found, kv_b_found = shapes.first(KV_A), shapes.first(KV_B)
+    q_found = shapes.first(Q_PROJ) or shapes.first(Q_B)
+    if kv_a_found is None or kv_b_found is None or q_found is None:
+        raise ExportError(f"the {arch} export needs the latent attention projections")
+    (kv_a, (kv_a_rows, _)), (kv_b, (kv_b_rows, _)) = kv_a_found, kv_b_found
+    q, (q_rows, _) = q_found
     if q_rows % heads or kv_b_rows % heads:
         raise ExportError(
             f"hf_config num_attention_heads={heads} does not divide {q} ({q_rows} rows) and "

@@ -3,9 +3,9 @@
 Same RoPE layout on both sides (no permutation); per-head q_norm / k_norm of size head_dim.
 """
 
-from inspector.export.hf import decoder
-from inspector.export.hf.base import Architecture
-from inspector.export.hf.config import Field, attention
+from inspector.exporting.hf import decoder
+from inspector.exporting.hf.base import Architecture
+from inspector.exporting.hf.config import Field, attention
 
 QK_NORM = "model.layers.{layer}.self_attn.q_norm.weight"
 HEAD_DIM = Field("head_dim", "size of one attention head", shape=(QK_NORM, 0))

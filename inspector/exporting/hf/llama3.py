@@ -4,9 +4,9 @@ torchtitan's RoPE rotates interleaved pairs, HF's rotates halves: q/k rows are p
 per head (needs num_attention_heads and num_key_value_heads).
 """
 
-from inspector.export.hf import decoder
-from inspector.export.hf.base import Architecture
-from inspector.export.hf.config import attention
+from inspector.exporting.hf import decoder
+from inspector.exporting.hf.base import Architecture
+from inspector.exporting.hf.config import attention
 
 ARCH = Architecture(
     name="llama3",

@@ -6,8 +6,8 @@ planned one source tensor per output so an exporter can stream.
 Adding an architecture: a module declaring ``ARCH`` plus one line in ``registry``.
 """
 
-from inspector.export.hf.apply import apply_plan
-from inspector.export.hf.base import (
+from inspector.exporting.hf.apply import apply_plan
+from inspector.exporting.hf.base import (
     NAMINGS,
     Architecture,
     Output,
@@ -16,7 +16,7 @@ from inspector.export.hf.base import (
     TensorMeta,
     tensor_meta,
 )
-from inspector.export.hf.registry import ARCHITECTURES, Detection, detect, from_hf, get, to_hf
+from inspector.exporting.hf.registry import ARCHITECTURES, Detection, detect, from_hf, get, to_hf
 
 __all__ = [
     "ARCHITECTURES",

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import ExportError
-from inspector.export.hf import deepseek_v3, llama3, qwen3, qwen3_moe
-from inspector.export.hf.base import (
+from inspector.exporting.hf import deepseek_v3, llama3, qwen3, qwen3_moe
+from inspector.exporting.hf.base import (
     NAMINGS,
     Architecture,
     Plan,
@@ -18,7 +18,7 @@ from inspector.export.hf.base import (
     model_keys,
     unmatched,
 )
-from inspector.export.hf.names import abstract, template_form
+from inspector.exporting.hf.names import abstract, template_form
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a for a in (llama3.ARCH, qwen3.ARCH, qwen3_moe.ARCH, deepseek_v3.ARCH)

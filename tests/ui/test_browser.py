@@ -80,10 +80,22 @@ def page(lab: Lab, shots: Path):
             tab.wait_for_selector(
                 ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=KERNEL_TIMEOUT
             )
+            accept_kernel_dialog(tab)
             tab.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current").click()
             run_all(tab)
         yield tab
         browser.close()
+
+
+def accept_kernel_dialog(page) -> None:
+    """Under load JupyterLab may still ask which kernel to use although one is running for
+    the notebook; its default choice is that kernel."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click(timeout=3000)
+    except PlaywrightTimeout:
+        pass
 
 
 def run_all(page, attempts: int = 2) -> None:

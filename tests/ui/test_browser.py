@@ -12,7 +12,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -92,10 +92,8 @@ def accept_kernel_dialog(page) -> None:
     the notebook; its default choice is that kernel."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    try:
+    with suppress(PlaywrightTimeout):
         page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click(timeout=3000)
-    except PlaywrightTimeout:
-        pass
 
 
 def run_all(page, attempts: int = 2) -> None:

@@ -15,6 +15,10 @@ from inspector.formats.hf_sharded import ShardedSource
 from inspector.formats.runs import open_run
 from inspector.formats.safetensors import SafetensorsSource, looks_like_safetensors
 from inspector.formats.torch_archive import is_legacy_torch, is_tar, is_zip
+from inspector.formats.torch_checkpointing import (
+    TorchCheckpointingSource,
+    looks_like_torch_checkpointing,
+)
 from inspector.formats.torch_save import TorchSaveSource
 from inspector.storage.base import Kind, Storage
 
@@ -29,6 +33,8 @@ def open_source(storage: Storage, name: str = "") -> Source:
     if not name:
         if dcp.is_dcp_dir(storage):
             return dcp.DcpSource(storage)
+        if looks_like_torch_checkpointing(storage):
+            return TorchCheckpointingSource(storage)
         return open_run(storage, open_source, open_folder) or open_folder(storage)
     if storage.kind(name) == "dir":
         return open_source(storage.child(name))

@@ -159,6 +159,86 @@ def test_per_rank_safetensors_without_metadata(written: dict) -> None:
     assert any("<key>@rank<r>" in note for note in ck.source.notes)
 
 
+def two_rank_metadata(fixture: tc.TcWritten) -> bytes:
+    """The metadata.pkl torch_checkpointing 0.1.1 would write for this 2-rank safetensors save
+    (its rank gather is CUDA-only, so CPU saves have none): the records each rank computed
+    (expected.json), grouped as its metadata manager groups them, serialised by its own
+    classes (``DistributedMetadata.to_dict``) and pickled as it pickles them."""
+    from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
+    from torch_checkpointing.distributed_metadata import (
+        DistributedItemMetadata,
+        DistributedMetadata,
+        GlobalObjectMetadata,
+        ShardingMetadata,
+    )
+
+    world = {"device_type": "cpu", "mesh_shape": [2], "mesh_data": [0, 1], "mesh_dim_names": None}
+    records = {}
+    for key, facts in fixture.facts["tensors"].items():
+        if not key.startswith("model."):
+            continue
+        data = facts["shardings"][0] or {  # plain tensors: Replicate on the world mesh
+            "global_shape": facts["shape"],
+            "dtype": facts["dtype"],
+            "stride": facts["local_strides"][0],
+            "mesh_spec": world,
+            "placements": [{"type": "Replicate"}],
+        }
+        mesh = {k: tuple(v) if isinstance(v, list) else v for k, v in data["mesh_spec"].items()}
+        data = {**data, "mesh_spec": mesh}  # JSON made the library's tuples lists
+        record = ShardingMetadata._unpack({"type": "DTensorShardingMetadata", "data": data})
+        ranks = tuple(sorted(data["mesh_spec"]["mesh_data"]))
+        records[(key.removeprefix("model."),)] = [GlobalObjectMetadata(record, ranks)]
+    layouts = {r: LayoutInfo(f"model_{r}.safetensors", SafetensorsSerialization()) for r in (0, 1)}
+    item = DistributedItemMetadata(records, layouts)
+    return pickle.dumps(DistributedMetadata({"model": item}, world_size=2).to_dict())
+
+
+def test_per_rank_safetensors_placed_by_two_rank_metadata(written: dict, tmp_path: Path) -> None:
+    fixture = written["fsdp-safetensors"]
+    path = copied(fixture, tmp_path)
+    (path / "metadata.pkl").write_bytes(two_rank_metadata(fixture))
+    ck = inspector.open(path)
+    assert set(ck.keys()) == set(fixture.tensors) | {"step"}
+    for key, want in fixture.tensors.items():
+        assert same(ck.read(key), want), key
+    assert [c.file for c in ck.entry("model.gain").chunks] == ["model_0.safetensors"]
+    assert [c.file for c in ck.entry("model.mask").chunks] == ["model_0.safetensors"]
+
+
+def test_version_1_metadata_and_default_records(written: dict, tmp_path: Path) -> None:
+    """Version 1.0 (flat by whole path) and explicit-shard records read like version 2.0."""
+    import json
+
+    fixture = written["single"]
+    path = copied(fixture, tmp_path)
+    v2 = safe_pickle.load_plain((path / "metadata.pkl").read_bytes(), file="metadata.pkl")
+    flat, layouts = {}, {}
+    for item, entry in v2["metadata"].items():
+        for key, groups in entry["nested_path_to_metadata"].items():
+            flat[json.dumps([item, *json.loads(key)], separators=(",", ":"))] = groups
+        for rank, layout in entry["rank_to_layout_info"].items():
+            layouts.setdefault(str(rank), {})[item] = layout
+    [group] = flat['["ema","shadow","embed.weight"]']
+    group["sharding_metadata"] = {
+        "type": "default_tensor_v1",
+        "data": {
+            "global_shape": [7, 4],
+            "global_offsets": [[0, 0], [3, 0]],
+            "local_offsets": [[0, 0], [3, 0]],
+            "local_sizes": [[3, 4], [4, 4]],
+            "dtype": "torch.float32",
+        },
+    }
+    v1 = {"metadata": flat, "rank_to_layout_info_mappings": layouts, "world_size": 1}
+    (path / "metadata.pkl").write_bytes(pickle.dumps(v1))
+    ck = inspector.open(path)
+    assert ck.metadata["version"] == "1.0"
+    assert [c.offsets for c in ck.entry("ema.shadow.embed.weight").chunks] == [(0, 0), (3, 0)]
+    for key, want in fixture.tensors.items():
+        assert same(ck.read(key), want), key
+
+
 def test_uncommitted_folder_is_named_and_the_run_root_skips_it(
     written: dict, tmp_path: Path
 ) -> None:

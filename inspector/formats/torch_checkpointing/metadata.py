@@ -107,7 +107,7 @@ def read_metadata(storage: Storage) -> TcMetadata:
             items = _from_v1(raw)
         else:
             raise ValueError(f"unknown metadata version {version!r}")
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         raise CorruptCheckpointError(f"malformed metadata ({exc})", file=label) from exc
     return TcMetadata(str(version), world, items)
 

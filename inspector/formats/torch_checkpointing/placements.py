@@ -121,6 +121,8 @@ def _shard(runs: list[Run], parts: int, index: int) -> list[Run]:
 
 
 def _strided(runs: list[Run], parts: int, index: int, split_factor: int) -> list[Run]:
+    if split_factor > MAX_BOXES:
+        raise ValueError(f"split factor {split_factor} is larger than any genuine layout's")
     length = _length(runs)
     piece = -(-length // split_factor)
     taken: list[Run] = []

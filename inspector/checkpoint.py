@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry, layout_problem
 from inspector.errors import CorruptCheckpointError, InspectorError, MissingKeyError
-from inspector.formats.base import Source
+from inspector.formats.base import Source, Step
 from inspector.formats.detect import open_source
 from inspector.gc_pause import paused_gc
 from inspector.keys.components import component_counts, with_components
@@ -123,6 +123,12 @@ class Checkpoint:
     @property
     def source_files(self) -> tuple[str, ...]:
         return self.source.source_files
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The saved steps of the training run this was opened from (which one is open is
+        marked); empty when a checkpoint folder itself was opened."""
+        return self.source.steps
 
     @property
     def metadata(self) -> dict[str, str]:

@@ -14,7 +14,7 @@ from typing import Any, Literal, NamedTuple
 from inspector import dtypes
 
 Kind = Literal["tensor", "object"]
-COMPONENTS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
+COMPONENTS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "common", "rng")
 
 
 class ChunkInfo(NamedTuple):
@@ -42,7 +42,7 @@ class Entry:
 
     ``dtype`` is a dtype name (``"float32"``); ``nested_path`` is the key's path before it
     was joined with dots, e.g. ``("model", "layers.0.wq.weight")``; ``component`` is what it
-    belongs to (model / optimizer / lr_scheduler / dataloader / train_state / other);
+    belongs to (one of COMPONENTS, or other);
     ``error`` is why it cannot be read, when the format saw that while opening.
     """
 

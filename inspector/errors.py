@@ -31,6 +31,23 @@ class NotACheckpointError(InspectorError):
     """The path is not a checkpoint in any format we know."""
 
 
+class UnfinishedSaveError(NotACheckpointError):
+    """A save that did not finish: some of its files are there, the one that completes it
+    (DCP's ``.metadata``, torch_checkpointing's commit rename) is not. ``found`` lists what
+    is there."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | os.PathLike | None = None,
+        key: str | None = None,
+        found: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message, file=file, key=key)
+        self.found = found
+
+
 class CheckpointFileMissingError(InspectorError):
     """A file the checkpoint refers to (a shard, ``.metadata``) does not exist."""
 

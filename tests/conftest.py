@@ -66,7 +66,8 @@ def dcp_single_written(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 @pytest.fixture(scope="session")
 def dcp_distributed_written(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Two gloo ranks: ``distcp-safetensors``, ``hf-distributed``, ``hf-export``."""
+    """Two gloo ranks: ``distcp-safetensors``, ``hf-distributed``, ``hf-export``,
+    ``per-rank-metadata`` (``use_collectives=False``: one ``__<rank>.metadata`` per rank)."""
     return formats.write_dcp_distributed(tmp_path_factory.mktemp("dcp_distributed"))
 
 

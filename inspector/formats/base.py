@@ -8,6 +8,7 @@ small pickle records only), ``read_chunk`` / ``read_object`` (the bytes) and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from inspector.entry import Entry
@@ -21,13 +22,25 @@ if TYPE_CHECKING:
 ChunkValue = Union["torch.Tensor", SubclassRef]
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One saved step of a training run's folder: its folder name, step number (None for
+    Megatron's ``release``), where it is, and whether it is the one opened."""
+
+    name: str
+    number: int | None
+    location: str
+    opened: bool = False
+
+
 class Source(Protocol):
     """One on-disk format, opened: its entries (metadata only) and lazy reads of their data.
 
     ``storage`` holds the files and ``name`` is what was opened in it (``""``: the folder
     itself). ``producer`` says which program wrote it where the files tell (``"unknown"``
     otherwise), ``ranks`` how many processes wrote it (None when the files do not tell),
-    ``nesting`` where entries' nested paths come from (shown with the layout).
+    ``nesting`` where entries' nested paths come from (shown with the layout), ``steps``
+    the other saved steps of the training run it was opened from (empty otherwise).
     """
 
     format: str
@@ -40,6 +53,7 @@ class Source(Protocol):
     nesting: str
     ranks: int | None
     key_matching: str  # the spelling its own loader matches: "stored" or "flattened"
+    steps: tuple[Step, ...]
 
     def entries(self) -> list[Entry]:
         """Every stored value, in stored order, with ``nested_path`` filled in where known."""

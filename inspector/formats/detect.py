@@ -12,8 +12,13 @@ from inspector.errors import CorruptCheckpointError, NotACheckpointError
 from inspector.formats.base import Source
 from inspector.formats.dcp import reader as dcp
 from inspector.formats.hf_sharded import ShardedSource
+from inspector.formats.runs import open_run
 from inspector.formats.safetensors import SafetensorsSource, looks_like_safetensors
 from inspector.formats.torch_archive import is_legacy_torch, is_tar, is_zip
+from inspector.formats.torch_checkpointing import (
+    TorchCheckpointingSource,
+    looks_like_torch_checkpointing,
+)
 from inspector.formats.torch_save import TorchSaveSource
 from inspector.storage.base import Kind, Storage
 
@@ -28,7 +33,9 @@ def open_source(storage: Storage, name: str = "") -> Source:
     if not name:
         if dcp.is_dcp_dir(storage):
             return dcp.DcpSource(storage)
-        return open_folder(storage)
+        if looks_like_torch_checkpointing(storage):
+            return TorchCheckpointingSource(storage)
+        return open_run(storage, open_source, open_folder) or open_folder(storage)
     if storage.kind(name) == "dir":
         return open_source(storage.child(name))
     if name.endswith(dcp.METADATA_FILE) and "/" not in name and dcp.metadata_files(storage):
@@ -106,8 +113,8 @@ def open_folder(storage: Storage) -> Source:
     if leftover:
         note = f"no checkpoint files at top level: using the per-rank files in {SHARDED_DIR}/"
         return _with_notes(open_folder(storage.child(SHARDED_DIR)), (note,), first=True)
-    if any(n.endswith(".distcp") for n in names):
-        raise NotACheckpointError("DCP .distcp files but no .metadata file", file=storage.location)
+    if unfinished := dcp.unfinished_save(storage, names):
+        raise unfinished
     raise NotACheckpointError(
         "not a checkpoint: no DCP .metadata, torch.save archive or safetensors file found",
         file=storage.location,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, InspectorError, NotACheckpointError
-from inspector.formats.base import ChunkValue, Source
+from inspector.formats.base import ChunkValue, Source, Step
 from inspector.formats.safe_pickle import SubclassRef, TensorRef
 from inspector.formats.safetensors import SHARDING_KEY
 from inspector.storage.base import ByteRange, Storage
@@ -44,6 +44,7 @@ class ShardedSource:
 
     producer = "unknown"
     ranks: int | None = None
+    steps: tuple[Step, ...] = ()
     key_matching = "flattened"
 
     def __init__(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, ExportError, UnsupportedError
-from inspector.formats.base import ChunkValue, bytes_view
+from inspector.formats.base import ChunkValue, Step, bytes_view
 from inspector.formats.safe_pickle import TensorRef
 from inspector.formats.torch_archive import contiguous_strides
 from inspector.formats.writing import Item, write_item
@@ -241,6 +241,7 @@ class SafetensorsSource:
     nesting = "key names (safetensors keys are flat)"
     key_matching = "flattened"
     ranks: int | None = None
+    steps: tuple[Step, ...] = ()
 
     def __init__(self, storage: Storage, name: str) -> None:
         self.storage, self.name = storage, name

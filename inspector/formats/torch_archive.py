@@ -23,6 +23,7 @@ from inspector.errors import CorruptCheckpointError, UnsupportedError
 from inspector.formats import safe_pickle
 from inspector.formats.base import bytes_view
 from inspector.formats.safe_pickle import DtypeName, SubclassRef, TensorRef
+from inspector.formats.safe_pickle.stdlib import Namespace
 from inspector.storage.base import Stream, WindowReader
 
 if TYPE_CHECKING:
@@ -254,8 +255,9 @@ def read_storage_tensor(
 
 
 def materialize(value: Any, read: Callable[[TensorRef], Any]) -> Any:
-    """Replace every TensorRef in ``value`` (containers, subclass attributes) by ``read(ref)``,
-    and every dtype name a pickle gave by the ``torch.dtype``. Shared sub-objects are
+    """Replace every TensorRef in ``value`` (containers, subclass attributes, a saved
+    namespace's fields) by ``read(ref)``, and every dtype name a pickle gave by the
+    ``torch.dtype``. Shared sub-objects are
     materialised once and stay shared; cycles are kept as they are."""
     done: dict[int, Any] = {}
     return _materialize(value, read, done)
@@ -273,6 +275,10 @@ def _materialize(value: Any, read: Callable[[TensorRef], Any], done: dict[int, A
         attrs = {k: _materialize(v, read, done) for k, v in value.attrs.items()}
         data = read(value.data) if isinstance(value.data, TensorRef) else value.data
         result = done[id(value)] = SubclassRef(value.cls, value.dtype, value.shape, attrs, data)
+        return result
+    if isinstance(value, Namespace):
+        fields = {k: _materialize(v, read, done) for k, v in value.fields.items()}
+        result = done[id(value)] = Namespace.of(fields)
         return result
     if isinstance(value, dict):
         copy = done[id(value)] = value.copy()
@@ -306,6 +312,8 @@ def tensor_refs(value: Any) -> Iterator[TensorRef]:
             stack.extend(reversed([*item.attrs.values(), item.data]))
         elif isinstance(item, dict):
             stack.extend(reversed(list(item.values())))
+        elif isinstance(item, Namespace):
+            stack.extend(reversed(list(item.fields.values())))
         elif type(item) in (list, tuple):
             stack.extend(reversed(item))
 

@@ -1,4 +1,5 @@
-"""Which component a key belongs to: model, optimizer, lr_scheduler, dataloader, train_state.
+"""Which component a key belongs to: model, optimizer, lr_scheduler, dataloader, train_state,
+common or rng (Megatron-Core's common state and sharded rng objects).
 
 The nested path a key was saved under (DCP ``planner_data``, ``.pt`` dict nesting) tells;
 dotted names are only a fallback, since model FQNs contain dots and Hugging Face names
@@ -25,7 +26,12 @@ _ALIASES = {
     "scheduler": "lr_scheduler",
     "dataloader": "dataloader",
     "train_state": "train_state",
+    # Megatron-Core: the common state (args, iteration, ...), sharded rng and rerun objects.
+    "common_state": "common",
+    "rerun_state_machine_state": "common",
+    "rng_state": "rng",
 }
+_SHARDED_OBJECT = "/shard_"  # Megatron's ShardedObject keys: ``<key>/shard_<offsets>_<shape>``
 _EXTRA_STATE = "_extra_state"
 
 
@@ -53,6 +59,9 @@ def with_components(entries: list[Entry]) -> list[Entry]:
 
 
 def _guess_path(key: str, model_prefix_plausible: bool) -> tuple[str, ...]:
+    base, slash, shard = key.partition(_SHARDED_OBJECT)
+    if slash and "." not in base and component_name(base) is not None:
+        return (base, slash[1:] + shard)
     head, _, rest = key.partition(".")
     name = component_name(head)
     if rest and name is not None and (name != "model" or model_prefix_plausible):
@@ -70,8 +79,9 @@ def _component(kind: str, path: tuple) -> str:
 
 
 def _is_extra_state(path: tuple) -> bool:
-    """A module's ``get_extra_state()`` value (e.g. TransformerEngine FP8 metadata)."""
-    return any(_EXTRA_STATE in str(part).split(".") for part in path)
+    """A module's ``get_extra_state()`` value (e.g. TransformerEngine FP8 metadata), whole or
+    one layer's piece of it (Megatron)."""
+    return any(_EXTRA_STATE in str(part).partition(_SHARDED_OBJECT)[0].split(".") for part in path)
 
 
 def component_counts(entries: Iterable[Entry]) -> dict[str, int]:

@@ -395,3 +395,60 @@ def test_unknown_transform_is_refused(zstd_checkpoint: tuple[Path, dict], tmp_pa
     (copy / ".metadata").write_bytes(pickle.dumps(meta))  # the test's own trusted metadata
     with pytest.raises(inspector.UnsupportedError, match=r"key 'w'.*unknown stream transforms"):
         inspector.open(copy).read("w")
+
+
+# --- use_collectives=False (one __<rank>.metadata per rank) and saves that did not finish -----
+
+
+def test_per_rank_metadata_two_processes(dcp_distributed_written: dict) -> None:
+    written = dcp_distributed_written["per-rank-metadata"]
+    assert sorted(p.name for p in written.path.iterdir()) == [
+        "__0.metadata",
+        "__0_0.distcp",
+        "__1.metadata",
+        "__1_0.distcp",
+    ]
+    ck = inspector.open(written.path)
+    assert (ck.format, ck.ranks) == ("dcp", 2)
+    assert "2 per-rank metadata files (saved without collectives)" in ck.source.notes
+    assert set(ck.keys()) == set(written.state)
+    for key, want in written.state.items():
+        if isinstance(want, torch.Tensor):
+            assert same(ck.read(key), want), key
+        else:
+            assert ck.read_object(key) == want, key
+    assert [(c.offsets, c.file) for c in ck.entry("layers.0.cols").chunks] == [
+        ((0, 0), "__0_0.distcp"),
+        ((0, 5), "__1_0.distcp"),
+    ]
+    assert len(ck.entry("norm.weight").chunks) == 1  # both ranks wrote it; one copy is read
+
+
+def test_per_rank_metadata_of_a_rank_missing(dcp_distributed_written: dict, tmp_path: Path) -> None:
+    written = dcp_distributed_written["per-rank-metadata"]
+    folder = tmp_path / "ck"
+    shutil.copytree(written.path, folder)
+    os.remove(folder / "__1.metadata")
+    ck = inspector.open(folder)
+    why = "the save of rank(s) 1 did not finish (no __1.metadata)"
+    assert any(note.startswith(why) for note in ck.source.notes)
+    assert why in ck.entry("layers.0.w.weight").error
+    with pytest.raises(CorruptCheckpointError, match=r"'layers\.0\.w\.weight'.*rank\(s\) 1"):
+        ck.read("layers.0.w.weight")
+    assert same(ck.read("norm.weight"), written.state["norm.weight"])
+    assert ck.read_object("dataloader.dp_rank_0") == written.state["dataloader.dp_rank_0"]
+
+
+@pytest.mark.parametrize("leftover", [".metadata.tmp", None])
+def test_unfinished_save_is_named(demo_copy, leftover: str | None) -> None:
+    path = demo_copy("flat")
+    if leftover:
+        os.rename(path / ".metadata", path / leftover)
+    else:
+        os.remove(path / ".metadata")
+    with pytest.raises(inspector.UnfinishedSaveError, match="the save did not finish") as caught:
+        inspector.open(path)
+    assert caught.value.file == str(path)
+    assert str(caught.value).count(".distcp (") == 2  # each shard named with its size
+    assert caught.value.found == ("__0_0.distcp", "__1_0.distcp", *([leftover] if leftover else []))
+    assert (".metadata.tmp, which torch renames" in str(caught.value)) == bool(leftover)

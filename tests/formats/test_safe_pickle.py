@@ -143,3 +143,76 @@ def test_referenced_globals_lists_without_running(tmp_path: Path) -> None:
     names = safe_pickle.referenced_globals(pickle.dumps(Payload(os.system, f"touch {marker}")))
     assert names == ["posix.system"]
     assert not marker.exists()
+
+
+# --- plain-data pickles (torch_checkpointing's metadata.pkl): no global of any kind -----------
+
+
+@pytest.mark.parametrize("name", sorted(payloads(Path("/x"))))
+def test_plain_data_refuses_hostile_globals(tmp_path: Path, name: str) -> None:
+    marker, victim = arm(tmp_path)
+    data = pickle.dumps({"metadata": {}, "evil": payloads(marker)[name]})
+    with pytest.raises(UnsafeCheckpointError, match=r"metadata\.pkl: .*plain data only"):
+        safe_pickle.load_plain(data, file="metadata.pkl")
+    assert not marker.exists() and victim.is_dir()
+
+
+def test_plain_data_refuses_even_harmless_globals() -> None:
+    from collections import OrderedDict
+
+    assert safe_pickle.load_plain(pickle.dumps({"a": [1, (2, None)]}), file="m") == {
+        "a": [1, (2, None)]
+    }
+    with pytest.raises(UnsafeCheckpointError, match=r"collections\.OrderedDict"):
+        safe_pickle.load_plain(pickle.dumps(OrderedDict(a=1)), file="m")
+
+
+# --- stand-ins for what training state pickles: namespaces, signals, DTensor specs ----------
+
+_BUILT_TWICE = (
+    b"\x80\x02cargparse\nNamespace\nq\x00)\x81q\x01}q\x02X\x01\x00\x00\x00aK\x01sb"
+    b"h\x01}q\x03X\x01\x00\x00\x00aK\x02sb."
+)
+
+
+def test_namespace_is_a_read_only_record() -> None:
+    import argparse
+
+    args = safe_pickle.load_data_pickle(
+        pickle.dumps(argparse.Namespace(num_layers=2, lr=0.1)), file="f"
+    )
+    assert type(args).__module__ == "inspector.formats.safe_pickle.stdlib"
+    assert (args.num_layers, args["lr"], dict(args.fields)) == (
+        2,
+        0.1,
+        {"num_layers": 2, "lr": 0.1},
+    )
+    with pytest.raises(TypeError, match="immutable"):
+        args.lr = 1.0
+    with pytest.raises(CorruptCheckpointError, match="given state twice"):
+        safe_pickle.load_data_pickle(_BUILT_TWICE, file="f")
+
+
+def test_signal_numbers_are_looked_up_and_nothing_else_of_signal() -> None:
+    import signal
+
+    value = safe_pickle.load_data_pickle(pickle.dumps(signal.Signals.SIGTERM), file="f")
+    assert repr(value) == "signal.Signals.SIGTERM" and value.value == 15
+    with pytest.raises(UnsafeCheckpointError, match=r"_signal\.alarm"):
+        safe_pickle.load_data_pickle(pickle.dumps(Payload(signal.alarm, 1)), file="f")
+
+
+def test_dtensor_spec_described_not_built() -> None:
+    from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
+
+    from inspector.formats.safe_pickle import dtensor
+
+    placements = safe_pickle.load_data_pickle(
+        pickle.dumps((Shard(1), _StridedShard(0, split_factor=2), Replicate())), file="f"
+    )
+    assert [(p.kind, p.dim) for p in placements[:2]] == [("shard", 1), ("strided", 0)]
+    assert (placements[1].split_factor, placements[2].kind) == (2, "replicate")
+    with pytest.raises(TypeError, match="immutable"):
+        placements[0].dim = 3
+    with pytest.raises(TypeError, match="described, never built"):
+        dtensor.DTensorClass()

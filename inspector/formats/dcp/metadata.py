@@ -1,7 +1,8 @@
 """Plain stand-ins for torch's DCP metadata classes, which ``.metadata`` pickles decode into.
 
 safe_pickle maps the globals a genuine ``.metadata`` names
-(``torch.distributed.checkpoint.metadata.*``, ``filesystem._StorageInfo``) to these
+(``torch.distributed.checkpoint.metadata.*``, ``filesystem._StorageInfo``, and the
+``planner`` records Megatron-Core adds as ``all_local_plans``) to these
 classes: they only hold the pickled fields, run nothing, and spare ``inspector.open``
 the import of ``torch.distributed`` (about a second and 50 MB). Attribute names match
 torch's, so code reads them the same way; absent fields read as their defaults.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inspector.formats.safe_pickle.records import Allowed, FrozenClass
+from inspector.formats.safe_pickle.records import Allowed, FrozenClass, Immutable
 
 # torch's TensorProperties pickles its memory format as this enum's value (0, 1, 2).
 MEMORY_FORMATS = ("contiguous_format", "channels_last", "preserve_format")
@@ -37,6 +38,7 @@ class Metadata(_Record):
     storage_data: Any = None
     storage_meta: Any = None
     version: Any = None
+    all_local_plans: Any = None  # Megatron-Core keeps every rank's SavePlan here
 
 
 class MetadataIndex(_Record):
@@ -94,6 +96,56 @@ class StorageInfo(_Record):
     transform_descriptors: Any = None
 
 
+# --- the save planner's records (``torch.distributed.checkpoint.planner``), which Megatron-Core
+# pickles into ``.metadata`` as ``all_local_plans``: kept for display, never used to read.
+
+
+class SavePlan(_Record):
+    items: Any = ()
+    storage_data: Any = None
+    planner_data: Any = None
+    usable: Any = True
+
+
+class WriteItem(_Record):
+    index: Any = None
+    type: Any = None
+    bytes_io_data: Any = None
+    tensor_data: Any = None
+
+
+class TensorWriteData(_Record):
+    chunk: Any = None
+    properties: Any = None
+    size: Any = None
+
+
+_WRITE_ITEM_TYPES = ("TENSOR", "SHARD", "BYTE_IO")
+
+
+class WriteItemType(Immutable, metaclass=FrozenClass):
+    """``WriteItemType(n)``, the enum a pickle rebuilds by calling the class with its value."""
+
+    __slots__ = ("name", "value")
+    name: str
+    value: int
+
+    def __init__(self, value: Any) -> None:
+        if type(value) is not int or not 0 < value <= len(_WRITE_ITEM_TYPES):
+            raise ValueError(f"unknown WriteItemType {value!r}")
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "name", _WRITE_ITEM_TYPES[value - 1])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WriteItemType) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"WriteItemType.{self.name}"
+
+
 def _memory_format_code(value: Any) -> Any:
     """``_MEM_FORMAT_ENCODING(value)``: the enum member is kept as its plain value."""
     if value not in (0, 1, 2):
@@ -101,20 +153,27 @@ def _memory_format_code(value: Any) -> Any:
     return value
 
 
-CLASSES = {
-    ("torch.distributed.checkpoint.metadata", cls.__name__): cls
-    for cls in (
-        Metadata,
-        MetadataIndex,
-        TensorStorageMetadata,
-        BytesStorageMetadata,
-        ChunkStorageMetadata,
-        TensorProperties,
-        StorageMeta,
-    )
-} | {
-    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): Allowed(
-        _memory_format_code, "_MEM_FORMAT_ENCODING"
-    ),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): StorageInfo,
-}
+CLASSES = (
+    {
+        ("torch.distributed.checkpoint.metadata", cls.__name__): cls
+        for cls in (
+            Metadata,
+            MetadataIndex,
+            TensorStorageMetadata,
+            BytesStorageMetadata,
+            ChunkStorageMetadata,
+            TensorProperties,
+            StorageMeta,
+        )
+    }
+    | {
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): Allowed(
+            _memory_format_code, "_MEM_FORMAT_ENCODING"
+        ),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): StorageInfo,
+    }
+    | {
+        ("torch.distributed.checkpoint.planner", cls.__name__): cls
+        for cls in (SavePlan, WriteItem, TensorWriteData, WriteItemType)
+    }
+)

@@ -20,9 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry, layout_problem
-from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
+from inspector.errors import (
+    CorruptCheckpointError,
+    InspectorError,
+    UnfinishedSaveError,
+    UnsupportedError,
+)
 from inspector.formats import safe_pickle
-from inspector.formats.base import ChunkValue, file_sizes
+from inspector.formats.base import ChunkValue, Step, file_sizes
+from inspector.formats.dcp import megatron
 from inspector.formats.dcp.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 from inspector.formats.safe_pickle import DtypeName, SubclassRef, TensorRef, UnknownDtype
 from inspector.formats.safetensors import Header, plain_description, read_header, read_span
@@ -62,12 +68,41 @@ def is_dcp_dir(storage: Storage) -> bool:
     return storage.kind() == "dir" and bool(metadata_files(storage))
 
 
+def unfinished_save(storage: Storage, names: list[str]) -> UnfinishedSaveError | None:
+    """The error for a folder of ``.distcp`` files (or a ``.metadata.tmp``) without the
+    ``.metadata`` that torch writes last, once every rank has written its data."""
+    shards = sorted(n for n in names if n.endswith(".distcp"))
+    pending = sorted(n for n in names if n.endswith(f"{METADATA_FILE}.tmp"))
+    if not shards and not pending:
+        return None
+    sizes = ", ".join(f"{n} ({storage.size(n)} bytes)" for n in [*shards, *pending][:8])
+    more = f" and {len(shards) + len(pending) - 8} more" if len(shards) + len(pending) > 8 else ""
+    tmp = f"; only {', '.join(pending)}, which torch renames once written" if pending else ""
+    return UnfinishedSaveError(
+        f"the save did not finish: .distcp files but no {METADATA_FILE} file{tmp} "
+        f"(found {sizes}{more})",
+        file=storage.location,
+        found=tuple([*shards, *pending]),
+    )
+
+
+def _unfinished_ranks(storage: Storage, files: list[str]) -> list[str]:
+    """Ranks whose data files exist but whose ``__<rank>.metadata`` does not (saves without
+    collectives only: each rank writes its metadata when its own save is done)."""
+    listed = {m.group(1) for f in files if (m := _RANK_METADATA.fullmatch(f))}
+    if not listed:
+        return []
+    data = {m.group(1) for n, _ in storage.list() if (m := _RANK_FILE.fullmatch(n))}
+    return sorted(data - listed, key=int)
+
+
 class DcpSource:
     """A DCP checkpoint folder: metadata at open, chunk byte ranges on demand."""
 
     producer = "unknown"
     name = ""
     key_matching = "stored"  # DCP's loader matches keys as stored
+    steps: tuple[Step, ...] = ()
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
@@ -84,8 +119,21 @@ class DcpSource:
             else "key names (no planner_data)"
         )
         entries = _entries(raw, storage, referrer)
+        self.megatron = megatron.read_marker(storage) is not None
+        legacy_common = megatron.legacy_common_entry(storage) if self.megatron else None
         entries, self._safetensors = _place_safetensors_chunks(storage, entries)
-        self._entries = _check_items(entries, self._safetensors, self.metadata_name)
+        entries = _check_items(entries, self._safetensors, self.metadata_name)
+        unfinished = _unfinished_ranks(storage, files)
+        if unfinished:
+            why = (
+                f"the save of rank(s) {', '.join(unfinished)} did not finish (no "
+                f"{', '.join(f'__{r}.metadata' for r in unfinished)}): their chunks are not listed"
+            )
+            notes.append(why)
+            entries = [
+                dataclasses.replace(e, error=f"{e.error}; {why}") if e.error else e for e in entries
+            ]
+        self._entries = [*entries, *([legacy_common] if legacy_common else [])]
         self.format = "dcp-safetensors" if self._safetensors else "dcp"
         if self._safetensors:
             notes.append(
@@ -102,6 +150,11 @@ class DcpSource:
         checkpoint_id = getattr(getattr(raw, "storage_meta", None), "checkpoint_id", None)
         if checkpoint_id is not None:
             self.metadata["saved_to"] = _text(checkpoint_id)
+        if self.megatron:
+            self.producer = megatron.PRODUCER
+            shown, more = megatron.describe(self._entries, self._decoded)
+            self.metadata |= shown
+            self.notes = (*self.notes, *more)
 
     def entries(self) -> list[Entry]:
         return self._entries
@@ -164,6 +217,13 @@ class DcpSource:
             return archive.read_tensor(value, out)
 
     def read_object(self, entry: Entry) -> Any:
+        return self._object(entry, materialize=True)
+
+    def _decoded(self, entry: Entry) -> Any:
+        """The object as decoded, tensors left as descriptions (nothing of torch loads)."""
+        return self._object(entry, materialize=False)
+
+    def _object(self, entry: Entry, *, materialize: bool) -> Any:
         chunk = entry.chunks[0]
         with self._item(entry, chunk) as (f, length, label):
             if not is_zip(f.read(4)):
@@ -171,7 +231,9 @@ class DcpSource:
                 return f.read(length)
             f.seek(0)
             archive = TorchArchive(f, label, length, entry.key)
-            return archive.materialize(archive.load())
+            value = archive.load()
+            value = archive.materialize(value) if materialize else value
+        return megatron.unwrap(entry.key, value) if self.megatron else value
 
     def chunk_bytes(self, entry: Entry, index: int) -> ByteRange | None:
         chunk = entry.chunks[index]
@@ -350,11 +412,23 @@ def _merge(parts: list[Metadata], referrer: str) -> Metadata:
                     raise CorruptCheckpointError(
                         f"per-rank chunk lists of {key!r} are malformed", file=referrer
                     )
-                mine.chunks.extend(md.chunks)
+                have = {_box(c) for c in mine.chunks}
+                # Without collectives nothing is de-duplicated: a replicated tensor's chunk
+                # is in every rank's file; one copy is read.
+                mine.chunks.extend(c for c in md.chunks if _box(c) not in have)
         merged.storage_data.update(part.storage_data)
         if isinstance(part.planner_data, dict) and isinstance(merged.planner_data, dict):
             merged.planner_data.update(part.planner_data)
     return merged
+
+
+def _box(chunk: Any) -> tuple:
+    """A chunk record's place (offsets, sizes), comparable across files."""
+    offsets, sizes = getattr(chunk, "offsets", None), getattr(chunk, "sizes", None)
+    return (
+        tuple(offsets) if isinstance(offsets, (tuple, list)) else id(chunk),
+        tuple(sizes) if isinstance(sizes, (tuple, list)) else id(chunk),
+    )
 
 
 def _entries(md: Metadata, storage: Storage, referrer: str) -> list[Entry]:

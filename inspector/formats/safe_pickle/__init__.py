@@ -19,6 +19,7 @@ from inspector.formats.safe_pickle.records import (
 from inspector.formats.safe_pickle.unpickler import (
     load_data_pickle,
     load_metadata,
+    load_plain,
     referenced_globals,
 )
 
@@ -34,5 +35,6 @@ __all__ = [
     "load_data_pickle",
     "load_legacy_torch",
     "load_metadata",
+    "load_plain",
     "referenced_globals",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 
 from inspector import dtypes
 from inspector.formats.dcp import metadata as dcp_metadata
+from inspector.formats.safe_pickle import dtensor, stdlib
 from inspector.formats.safe_pickle.records import (
     PARAMETER,
     TENSOR,
@@ -69,6 +70,7 @@ _DANGEROUS_MODULES = frozenset(
         "threading",
         "_thread",
         "signal",
+        "_signal",
         "pdb",
         "timeit",
         "trace",
@@ -417,6 +419,7 @@ _DATA_GLOBALS: dict[tuple[str, str], Any] = {
     ),
     **_allowed("torch.serialization", {"_get_layout": _get_layout}),
 }
+_DATA_GLOBALS |= dtensor.GLOBALS | stdlib.GLOBALS
 for _module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray"):
     _DATA_GLOBALS |= {
         (_module, "ndarray"): NumpyArray,

@@ -1,9 +1,11 @@
 """The only place that unpickles anything.
 
-Every global a pickle names is resolved here, never imported: an allow-list maps the
-few that genuine checkpoints need to safe stand-ins, known code-execution entry points
-raise :class:`UnsafeCheckpointError`, and everything else becomes an inert
-:class:`Opaque` placeholder that records what it was given and does nothing.
+Every global a pickle names is resolved here, never imported, by one of three policies:
+DCP ``.metadata`` resolves only the globals genuine metadata names; plain-data pickles
+(torch_checkpointing's ``metadata.pkl``) resolve none at all; ``data.pkl`` and pickled
+objects map the few globals genuine checkpoints need to safe stand-ins, refuse known
+code-execution entry points with :class:`UnsafeCheckpointError`, and turn everything else
+into an inert :class:`Opaque` placeholder that records what it was given and does nothing.
 Tensors are not built while unpickling: a torch archive's ``data.pkl`` yields
 :class:`TensorRef` / :class:`SubclassRef` descriptions that a source materialises later.
 """
@@ -67,6 +69,14 @@ class _MetadataUnpickler(_Unpickler):
         if value is None:
             raise self.unsafe(f"{module}.{name} (never part of DCP metadata)")
         return value
+
+
+class _PlainUnpickler(_Unpickler):
+    """For pickles of plain data only (torch_checkpointing's ``metadata.pkl``): dicts, lists,
+    tuples, strings, numbers, None. Every global is refused, whatever it names."""
+
+    def resolve(self, module: str, name: str) -> Any:
+        raise self.unsafe(f"{module}.{name} (this file holds plain data only)")
 
 
 class DataUnpickler(_Unpickler):
@@ -139,6 +149,11 @@ def load_metadata(data: bytes, *, file: str) -> dcp_metadata.Metadata:
             f"pickle holds a {type(metadata).__name__}, not DCP Metadata", file=file
         )
     return metadata
+
+
+def load_plain(data: bytes, *, file: str) -> Any:
+    """Decode a pickle of plain data (no global of any kind is resolved; none runs)."""
+    return run(_PlainUnpickler(data, file, None))
 
 
 def load_data_pickle(data: bytes, *, file: str, key: str | None = None) -> Any:

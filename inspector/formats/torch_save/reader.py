@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
-from inspector.formats.base import ChunkValue
+from inspector.formats.base import ChunkValue, Step
 from inspector.formats.safe_pickle import Opaque, SubclassRef, TensorRef
+from inspector.formats.safe_pickle.dtensor import dtensor_parts
 from inspector.formats.torch_archive import (
     LegacyArchive,
     Record,
@@ -53,6 +54,7 @@ class TorchSaveSource:
     nesting = "torch.save dict nesting"
     key_matching = "flattened"
     ranks: int | None = None
+    steps: tuple[Step, ...] = ()
     offsets: dict[str, tuple[int, ...]] | None = (
         None  # never DCP chunks (see SafetensorsSource.offsets)
     )
@@ -81,7 +83,7 @@ class TorchSaveSource:
         if isinstance(leaf, _Ambiguous):
             return Entry(key, "object", nested_path=path, error=leaf.reason)
         problems = [p for p in map(self._problem, tensor_refs(leaf)) if p]
-        error = problems[0] if problems else None
+        error = problems[0] if problems else _partial_dtensor(leaf)
         if not isinstance(leaf, (TensorRef, SubclassRef)):
             return Entry(key, "object", nested_path=path, error=error)
         chunks = () if error else (self._chunk(leaf),)
@@ -152,6 +154,20 @@ class TorchSaveSource:
     def describe_chunk(self, entry: Entry, index: int) -> TensorRef | SubclassRef:
         """The decoded leaf itself (tensor bytes not read)."""
         return self._leaves[entry.key][1]
+
+
+def _partial_dtensor(leaf: Any) -> str | None:
+    """Why a DTensor cannot be read from this one file: it holds one rank's shard only."""
+    try:
+        parts = dtensor_parts(leaf)
+    except ValueError as exc:
+        return str(exc)
+    if parts is None or parts[0].shape == leaf.shape:
+        return None
+    return (
+        f"a DTensor of {list(leaf.shape)}: this file holds one rank's shard of "
+        f"{list(parts[0].shape)}; open the folder with every rank's file to read it whole"
+    )
 
 
 def _archive(f: Stream, label: str, size: int) -> tuple[StoredTensors, str]:

@@ -3,12 +3,14 @@
 Call order: a format is constructed from a storage and a name (metadata only is read),
 then ``entries()``; later, per entry, ``chunk_globals`` / ``describe_chunk`` (a scan:
 small pickle records only), ``read_chunk`` / ``read_object`` (the bytes) and
-``chunk_bytes`` (where plain bytes lie, for copies).
+``chunk_bytes`` (where plain bytes lie, for copies); for an audit, ``stored_records``
+(where every stored record lies and the checksum its file keeps for it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Union
 
 from inspector.entry import Entry
 from inspector.errors import InspectorError
@@ -19,6 +21,27 @@ if TYPE_CHECKING:
     import torch
 
 ChunkValue = Union["torch.Tensor", SubclassRef]
+
+
+class StoredRecord(NamedTuple):
+    """One stretch of stored bytes a format vouches for: the entry it belongs to (None: the
+    file's own, e.g. a header), where it lies, and the CRC-32 its file keeps for it.
+
+    ``crc32`` is None where the format keeps no checksum (safetensors, pre-1.6 torch.save,
+    compressed zip members) and 0 where the writer turned checksums off
+    (``torch.serialization.set_crc32_options(False)``). ``what`` describes the bytes for
+    messages (``"zip record archive/data/0"``). ``problem`` says why the format cannot vouch
+    for them (a damaged archive directory, a header leaving holes); the range is then the
+    one the metadata claims, so a missing or short file is still found.
+    """
+
+    key: str | None
+    file: str
+    offset: int
+    length: int
+    crc32: int | None
+    what: str
+    problem: str | None = None
 
 
 class Source(Protocol):
@@ -67,6 +90,12 @@ class Source(Protocol):
         """The chunk as its pickle describes it (class, dtypes, shapes, attributes), decoded
         through safe_pickle without reading tensor bytes. Detection calls it only for chunks
         whose ``chunk_globals`` name a class outside torch."""
+        ...
+
+    def stored_records(self) -> Iterator[StoredRecord]:
+        """Every record of the checkpoint's files, for an integrity check: grouped by file and
+        in increasing offset within each. Reads only directories and headers (small records),
+        one item at a time, so a checkpoint of any size is listed in bounded memory."""
         ...
 
 

@@ -3,7 +3,8 @@
 ``open_source`` is the one entry point: a DCP folder (``.metadata``), a file (sniffed from
 its first bytes: safetensors, torch.save zip or pre-1.6 pickle, a ``*.index.json``), or a
 folder of files, chosen by the rules of ``open_folder``. Every choice is written into the
-source's ``notes``.
+source's ``notes``. A folder an unfinished save left is named as such (``unfinished_save``,
+also what the audit reports).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from inspector.formats.hf_sharded import ShardedSource
 from inspector.formats.safetensors import SafetensorsSource, looks_like_safetensors
 from inspector.formats.torch_archive import is_legacy_torch, is_tar, is_zip
 from inspector.formats.torch_save import TorchSaveSource
+from inspector.formats.unfinished import Sign as Sign  # re-exported: what the audit reports
+from inspector.formats.unfinished import unfinished_save as unfinished_save
 from inspector.storage.base import Kind, Storage
 
 
@@ -106,8 +109,12 @@ def open_folder(storage: Storage) -> Source:
     if leftover:
         note = f"no checkpoint files at top level: using the per-rank files in {SHARDED_DIR}/"
         return _with_notes(open_folder(storage.child(SHARDED_DIR)), (note,), first=True)
-    if any(n.endswith(".distcp") for n in names):
-        raise NotACheckpointError("DCP .distcp files but no .metadata file", file=storage.location)
+    signs = unfinished_save(storage)
+    if signs:
+        raise NotACheckpointError(
+            "; ".join(s.message for s in sorted(signs, key=lambda s: not s.blocking)),
+            file=storage.location,
+        )
     raise NotACheckpointError(
         "not a checkpoint: no DCP .metadata, torch.save archive or safetensors file found",
         file=storage.location,

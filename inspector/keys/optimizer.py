@@ -56,3 +56,10 @@ def resolve_optimizer_fqn(ref: OptimizerRef, fqns: set[str] | frozenset[str]) ->
         if text in fqns:
             return text
     return None
+
+
+def state_name(ref: OptimizerRef, fqn: str) -> str:
+    """The state's own name (``exp_avg``, ``step``, ...) once the parameter's FQN is known."""
+    if ref.fqn is not None:
+        return ref.text[len(ref.fqn) + 1 :]
+    return ref.text[len(fqn) + 1 :] if ref.text.startswith(fqn + ".") else ref.text

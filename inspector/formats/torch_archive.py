@@ -135,12 +135,28 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"record {name!r} claims {info.file_size} bytes", file=self.path, key=self.key
             )
+        if info.compress_type == zipfile.ZIP_STORED:
+            return self._stored_bytes(info)
         try:
             return self._zip.read(info)
         except _ZIP_ERRORS as exc:
             raise CorruptCheckpointError(
                 f"cannot read record {name!r} ({_describe(exc)})", file=self.path, key=self.key
             ) from exc
+
+    def _stored_bytes(self, info: zipfile.ZipInfo) -> bytes:
+        """A stored record's bytes, checked against its CRC-32 unless the writer turned CRCs
+        off (``torch.serialization.set_crc32_options(False)`` writes 0; zipfile would refuse)."""
+        start = _data_start(self.f, info, self.length, file=self.path, key=self.key)
+        data = bytearray(info.file_size)
+        read_exact_into(self.f, start, memoryview(data), file=self.path, key=self.key)
+        if info.CRC and zlib.crc32(data) != info.CRC:
+            raise CorruptCheckpointError(
+                f"cannot read record {info.filename!r} (its bytes fail their CRC-32 check)",
+                file=self.path,
+                key=self.key,
+            )
+        return bytes(data)
 
     def load(self) -> Any:
         """The archive's object, with TensorRef / SubclassRef standing in for tensors."""

@@ -210,11 +210,10 @@ def _first(sign: Sign) -> str | None:
 def _leftovers(ck: Checkpoint) -> list[Problem]:
     """Signs of unfinished saves in the checkpoint's folder: the checkpoint's own (a rank
     that never wrote its metadata) are errors, things beside it warnings."""
-    if ck.source.name and len(ck.source_files) < 2:
-        return []  # a single file: its folder may hold anything
+    single = bool(ck.source.name) and len(ck.source_files) < 2  # its folder may hold anything
     return [
         Problem(None, _first(s), "unfinished" if s.blocking else "leftover", s.message)
-        for s in unfinished_save(ck.source.storage)
+        for s in unfinished_save(ck.source.storage, contents=not single)
     ]
 
 

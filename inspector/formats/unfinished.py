@@ -38,15 +38,11 @@ class Sign:
     blocking: bool
 
 
-def unfinished_save(storage: Storage) -> list[Sign]:
-    """The signs in the folder ``storage`` that a save did not finish (empty: none)."""
-    try:
-        listed = storage.list()
-    except InspectorError:
-        return []
-    files = [n for n, kind in listed if kind == "file"]
-    folders = [n for n, kind in listed if kind == "dir"]
-    signs = _dcp_signs(storage, files)
+def unfinished_save(storage: Storage, *, contents: bool = True) -> list[Sign]:
+    """The signs in the folder ``storage`` that a save did not finish (empty: none).
+    ``contents=False``: only whether the folder itself is an uncommitted ``tmp_`` folder (for
+    one file opened in it, which the rest of the folder does not concern)."""
+    signs: list[Sign] = []
     name = PurePosixPath(storage.location.rstrip("/")).name
     if name.startswith(TMP_PREFIX):
         signs.append(
@@ -57,6 +53,15 @@ def unfinished_save(storage: Storage) -> list[Sign]:
                 True,
             )
         )
+    if not contents:
+        return signs
+    try:
+        listed = storage.list()
+    except InspectorError:
+        return signs
+    files = [n for n, kind in listed if kind == "file"]
+    folders = [n for n, kind in listed if kind == "dir"]
+    signs[:0] = _dcp_signs(storage, files)
     for folder in folders:
         if folder.startswith(TMP_PREFIX):
             signs.append(

@@ -23,7 +23,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "missing-component": ("error", "training state a resume loads is missing"),
     "dataloader-ranks": ("error", "dataloader states missing for some data-parallel ranks"),
     "non-finite": ("error", "NaN or infinite values"),
-    "no-state": ("warning", "a parameter without any optimizer state (frozen, or dropped?)"),
+    "no-state": ("warning", "parameters without any optimizer state (frozen, or dropped?)"),
     "dtype": ("warning", "optimizer moments in lower precision than their parameters"),
     "step-mismatch": ("warning", "step counters that disagree"),
     "leftover": ("warning", "files an unfinished save left beside this checkpoint"),

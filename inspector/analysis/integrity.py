@@ -32,10 +32,9 @@ class IntegrityCounts:
 
 
 _NOT_VERIFIED = {
-    "unchecked": "were saved without CRC-32 (torch.serialization.set_crc32_options(False)): "
+    "unchecked": "saved without CRC-32 (torch.serialization.set_crc32_options(False)): "
     "their bytes cannot be verified",
-    "no-checksums": "have no checksum in this format: their sizes and offsets were checked, "
-    "not their bytes",
+    "no-checksums": "without checksums in this format: sizes and offsets checked, not the bytes",
 }
 
 
@@ -138,7 +137,11 @@ class _Check:
         """One line per file and kind for what could not be verified (not damage)."""
         found = []
         for (file, kind), (count, keys) in self.tallies.items():
-            owners = f" ({len(keys)} keys)" if keys else ""
-            message = f"{count[0]} records in {file}{owners} {_NOT_VERIFIED[kind]}"
+            owners = f" ({_count(len(keys), 'key')})" if keys else ""
+            message = f"{_count(count[0], 'record')} in {file}{owners} {_NOT_VERIFIED[kind]}"
             found.append(Problem(None, file, kind, message))
         return found
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"

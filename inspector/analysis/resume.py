@@ -1,9 +1,10 @@
 """Can a training run resume from this checkpoint? Every trained parameter has its optimizer
 state, shaped like it; the other training state a resume loads is there.
 
-Judged from the entries alone (no bytes read): which parameters the optimizer trains comes
-from its per-parameter ``param_groups`` entries where the checkpoint has them (torchtitan's
-flattened optimizer state), else from the parameters that have any state at all.
+Judged from the entries, reading no tensor: which parameters the optimizer trains comes
+from its per-parameter ``param_groups`` entries (torchtitan's flattened optimizer state) or
+its groups' ``params`` lists of FQNs (torch DCP's unflattened one; small objects, read),
+else from the parameters that have any state at all.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from inspector import dtypes
 from inspector.analysis.findings import Problem
 from inspector.checkpoint import Checkpoint
 from inspector.entry import Entry
-from inspector.keys.optimizer import optimizer_ref, resolve_optimizer_fqn, state_name
+from inspector.errors import InspectorError
+from inspector.keys.optimizer import (
+    is_param_list,
+    optimizer_ref,
+    resolve_optimizer_fqn,
+    state_name,
+)
 from inspector.keys.spellings import model_fqn
 from inspector.keys.training import (
     ADAM_MOMENTS,
@@ -71,22 +78,42 @@ def resume_problems(ck: Checkpoint) -> list[Problem]:
     params = {fqn: e for e in entries if e.kind == "tensor" and (fqn := model_fqn(e)) is not None}
     problems = _component_problems(ck, components)
     if "optimizer" in components:
-        problems += _optimizer_problems(params, optimizer_state(entries, set(params)))
+        found = optimizer_state(entries, set(params))
+        found.grouped |= _grouped_params(ck, entries, set(params))
+        problems += _optimizer_problems(params, found)
     problems += _dataloader_problems(ck, entries)
     return problems
 
 
+def _grouped_params(ck: Checkpoint, entries: list[Entry], fqns: set[str]) -> set[str]:
+    """The model parameters named by the groups' ``params`` lists (FQNs; lists of indices,
+    as a plain ``optimizer.state_dict()`` keeps them, name none)."""
+    named: set[str] = set()
+    for entry in entries:
+        if not is_param_list(entry):
+            continue
+        try:
+            value = ck.read_object(entry.key)
+        except InspectorError:
+            continue
+        if isinstance(value, list):
+            named |= {v for v in value if isinstance(v, str) and v in fqns}
+    return named
+
+
 def _component_problems(ck: Checkpoint, components: dict[str, int]) -> list[Problem]:
-    wanted = RESUME_COMPONENTS if ck.producer == "torchtitan" else ("optimizer",)
+    """The optimizer always; torchtitan's other training state once part of it is there (a
+    checkpoint holding some of it lost the rest; one holding none was saved without it)."""
+    extras = [c for c in RESUME_COMPONENTS if c != "optimizer" and c in components]
+    wanted = RESUME_COMPONENTS if ck.producer == "torchtitan" and extras else ("optimizer",)
+    held = ", ".join(c for c in components if c != "other")
     problems = [
         Problem(
             None,
             None,
             "missing-component",
-            f"no {name} state: a training checkpoint "
-            f"{'written by torchtitan ' if ck.producer == 'torchtitan' else ''}"
-            f"holds one beside {', '.join(c for c in components if c != 'other')}, and a "
-            "resume loads it",
+            f"no {name} state beside {held}: a resume loads it"
+            + (", and torchtitan saves all of " + ", ".join(RESUME_COMPONENTS) if extras else ""),
         )
         for name in wanted
         if name not in components
@@ -116,7 +143,9 @@ def _optimizer_problems(params: dict[str, Entry], found: OptimizerState) -> list
         for section, keys in found.unknown.items()
     ]
     expected = expected_states({n for names in found.states.values() for n in names})
+    # param_groups entries per FQN (torchtitan's flattened state) say what is trained
     trained = found.grouped or set(found.states)
+    untracked = []
     for fqn, param in params.items():
         states = found.states.get(fqn, {})
         missing = sorted(expected - set(states))
@@ -130,17 +159,20 @@ def _optimizer_problems(params: dict[str, Entry], found: OptimizerState) -> list
                     "fails to load it, or restarts its moments from zero",
                 )
             )
-        elif fqn not in trained and expected and _is_float(param):
-            problems.append(
-                Problem(
-                    param.key,
-                    None,
-                    "no-state",
-                    f"parameter {fqn!r} has no optimizer state at all: frozen, a buffer, or "
-                    "its state was dropped",
-                )
-            )
+        elif fqn not in trained and _is_float(param):
+            untracked.append(param)
         problems += _shape_problems(fqn, param, states)
+    if untracked and expected and not found.grouped:
+        shown = ", ".join(repr(e.key) for e in untracked[:_EXAMPLES])
+        problems.append(
+            Problem(
+                untracked[0].key,
+                None,
+                "no-state",
+                f"{len(untracked)} floating-point parameters have no optimizer state at all "
+                f"(e.g. {shown}): frozen, buffers, or their state was dropped",
+            )
+        )
     return problems + _dtype_problems(params, found)
 
 

@@ -186,7 +186,10 @@ def test_safetensors_sizes_holes_and_trailing_bytes(tmp_path: Path) -> None:
     save_file(tensors, good)
     report = inspector.audit(good)
     assert report.ok and kinds(report) == ["no-checksums", "model-only"]
-    assert "2 records in good.safetensors (2 keys)" in report.problems[0].message
+    assert report.problems[0].message == (
+        "2 records in good.safetensors (2 keys) without checksums in this format: "
+        "sizes and offsets checked, not the bytes"
+    )
 
     trailing = tmp_path / "trailing.safetensors"
     trailing.write_bytes(good.read_bytes() + b"\0" * 8)
@@ -301,6 +304,38 @@ def test_dropped_optimizer_state_names_the_parameter(resave: Callable[..., Path]
     assert second.key == W1 and "no optimizer exp_avg_sq:" in second.message
 
 
+def test_frozen_parameters_and_unflattened_optimizer_state(tmp_path: Path) -> None:
+    """torch DCP's ``get_optimizer_state_dict`` unflattened: groups list their FQNs, so
+    frozen parameters are known; a trained one whose state is gone is an error."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    from inspector.demo.model import build_model
+
+    model = build_model()
+    model.tok_embeddings.weight.requires_grad_(False)
+    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    model(torch.randint(0, 256, (2, 8))).sum().backward()
+    optim.step()
+    state = {
+        "model": get_model_state_dict(model),
+        "optimizer": get_optimizer_state_dict(model, optim),
+    }
+
+    def save(name: str) -> Path:
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp_path / name), no_dist=True)
+        return tmp_path / name
+
+    assert inspector.audit(save("frozen")).problems == ()
+    del state["optimizer"]["state"][WQ]
+    (problem,) = inspector.audit(save("dropped")).problems
+    assert (problem.kind, problem.key) == ("missing-state", f"model.{WQ}")
+    assert "no optimizer exp_avg, exp_avg_sq, step" in problem.message
+
+
 def test_bf16_moments_are_flagged(resave: Callable[..., Path]) -> None:
     def change(state: dict[str, Any]) -> None:
         for key, value in state["optimizer"].items():
@@ -346,8 +381,8 @@ def test_orphan_optimizer_state(resave: Callable[..., Path]) -> None:
     assert state.message.startswith("3 optimizer state entries name parameters the model part")
     assert "optimizer param_groups entries" in groups.message
     assert state.key.startswith("optimizer.state.norm.weight.")
-    (unknown,) = report.by_kind("no-state")  # no param_groups entry names the renamed weight
-    assert unknown.key == "_orig_mod.norm.weight"
+    # no param_groups entry names the renamed weight: not trained, so no missing-state
+    assert kinds(report) == ["orphan-state", "orphan-state"]
 
 
 def test_values_non_finite_and_step_counters(resave: Callable[..., Path]) -> None:

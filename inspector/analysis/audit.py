@@ -93,6 +93,7 @@ class AuditReport:
         return {s: sum(p.severity == s for p in self.problems) for s in SEVERITIES}
 
     def by_kind(self, kind: str) -> list[Problem]:
+        """The problems of one kind (a key of ``findings.KINDS``), in the order found."""
         return [p for p in self.problems if p.kind == kind]
 
     def table(self) -> pandas.DataFrame:

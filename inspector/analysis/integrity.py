@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from inspector.analysis.findings import Problem
 from inspector.errors import InspectorError
-from inspector.formats.base import Source, StoredRecord
+from inspector.formats.base import Source, StoredRecord, chunk_records
 from inspector.storage.blocks import BlockReader
 
 
@@ -45,7 +45,8 @@ def check_integrity(
     also read every record with a stored CRC-32 and compare; ``advance(n)`` is told of
     each ``n`` bytes read (progress)."""
     check = _Check(source, checksums, advance)
-    check.run(source.stored_records())
+    listed = getattr(source, "stored_records", None)  # a format that lists none: its chunks
+    check.run(listed() if listed is not None else chunk_records(source))
     return check.problems, check.counts
 
 

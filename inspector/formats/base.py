@@ -95,8 +95,20 @@ class Source(Protocol):
     def stored_records(self) -> Iterator[StoredRecord]:
         """Every record of the checkpoint's files, for an integrity check: grouped by file and
         in increasing offset within each. Reads only directories and headers (small records),
-        one item at a time, so a checkpoint of any size is listed in bounded memory."""
+        one item at a time, so a checkpoint of any size is listed in bounded memory. A
+        format without it is audited by its chunks' byte ranges (``chunk_records``)."""
         ...
+
+
+def chunk_records(source: Source) -> Iterator[StoredRecord]:
+    """Records from the entries' chunk byte ranges, without checksums: what an audit checks
+    of a format that lists no records of its own (sizes and offsets, not the bytes)."""
+    chunks = sorted(
+        ((c.file, c.byte_offset, c.byte_length, e.key) for e in source.entries() for c in e.chunks),
+        key=lambda item: item[:2],
+    )
+    for file, offset, length, key in chunks:
+        yield StoredRecord(key, file, offset, length, None, "stored bytes")
 
 
 def file_sizes(storage: Storage, names: set[str], *, referrer: str) -> dict[str, int | str]:

@@ -212,6 +212,18 @@ def test_safetensors_sizes_holes_and_trailing_bytes(tmp_path: Path) -> None:
     assert (problem.kind, problem.key) == ("truncated", "b")
 
 
+def test_chunk_records_cover_what_stored_records_list(tmp_path: Path) -> None:
+    """The fallback for a format that lists no records: its chunks, without checksums."""
+    from inspector.formats.base import chunk_records
+
+    path = tmp_path / "two.safetensors"
+    save_file({"a": torch.arange(6.0), "b": torch.ones(4, dtype=torch.int16)}, path)
+    source = inspector.open(path).source
+    listed = [(r.key, r.file, r.offset, r.length) for r in source.stored_records()]
+    assert [(r.key, r.file, r.offset, r.length) for r in chunk_records(source)] == listed
+    assert all(r.crc32 is None for r in chunk_records(source))
+
+
 def test_sharded_export_missing_shard_and_bad_index_line(demo_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "hf"
     inspector.export(demo_dir / "flat", out, max_shard_size="100KB", progress=False)

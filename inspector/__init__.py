@@ -26,8 +26,10 @@ from inspector.version import __version__
 if TYPE_CHECKING:
     from types import ModuleType
 
+    from inspector.analysis.audit import AuditReport, audit
     from inspector.analysis.diff import diff
     from inspector.analysis.error_text import explain_error
+    from inspector.analysis.fingerprint import Fingerprint, fingerprint
     from inspector.analysis.fqn import KeyReport, check_keys
     from inspector.analysis.stats import Histogram, TensorStats, histogram, stats
     from inspector.checkpoint import Checkpoint
@@ -37,11 +39,13 @@ if TYPE_CHECKING:
     fp8: ModuleType
 
 __all__ = [
+    "AuditReport",
     "Checkpoint",
     "CheckpointFileMissingError",
     "CorruptCheckpointError",
     "ExportError",
     "ExportResult",
+    "Fingerprint",
     "Histogram",
     "Inspector",
     "InspectorError",
@@ -54,10 +58,12 @@ __all__ = [
     "UnsupportedError",
     "UsageError",
     "__version__",
+    "audit",
     "check_keys",
     "diff",
     "explain_error",
     "export",
+    "fingerprint",
     "fp8",
     "histogram",
     "open",
@@ -79,6 +85,10 @@ _LAZY = {
     "KeyReport": "inspector.analysis.fqn",
     "explain_error": "inspector.analysis.error_text",
     "diff": "inspector.analysis.diff",
+    "audit": "inspector.analysis.audit",
+    "AuditReport": "inspector.analysis.audit",
+    "fingerprint": "inspector.analysis.fingerprint",
+    "Fingerprint": "inspector.analysis.fingerprint",
     "stats": "inspector.analysis.stats",
     "histogram": "inspector.analysis.stats",
     "TensorStats": "inspector.analysis.stats",

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import pandas
     import torch
 
+    from inspector.analysis.audit import AuditReport
     from inspector.analysis.consistency import Consistency
     from inspector.analysis.stats import Histogram, TensorStats
 
@@ -151,6 +152,12 @@ class Checkpoint:
     def tree(self, view: str = "stored") -> KeyNode:
         """The key tree's root in a view: stored, flattened (model keys at top) or prefixed."""
         return build_tree(self.entries(), view)
+
+    def audit(self, checksums: bool = True, values: bool = False) -> AuditReport:
+        """Integrity, unfinished saves, completeness, resume readiness (``inspector.audit``)."""
+        from inspector.analysis.audit import audit
+
+        return audit(self, checksums, values)
 
     def consistency(self) -> Consistency:
         """Optimizer names the model part lacks, and weights stored under several spellings."""
@@ -277,14 +284,19 @@ class Checkpoint:
 
     def iter_chunks(self, key: str) -> Iterator[tuple[ChunkInfo, torch.Tensor]]:
         """Each stored chunk of a tensor as a plain tensor, one at a time (bounded memory)."""
+        entry = self._readable(key, "tensor")
+        for index, chunk in enumerate(entry.chunks):
+            yield chunk, self.read_chunk(key, index)
+
+    def read_chunk(self, key: str, index: int) -> torch.Tensor:
+        """Stored chunk ``index`` of a tensor as a plain tensor (``entry(key).chunks[index]``
+        says where it lies in the whole tensor)."""
         from inspector.tensors.convert import to_plain
 
         entry = self._readable(key, "tensor")
-        for index, chunk in enumerate(entry.chunks):
-            with self._marking(key):
-                value = self.source.read_chunk(entry, index)
-                plain = to_plain(value, file=self.location, key=key)
-            yield chunk, plain
+        with self._marking(key):
+            value = self.source.read_chunk(entry, index)
+            return to_plain(value, file=self.location, key=key)
 
     def byte_ranges(self, key: str) -> list[ByteRange] | None:
         """The byte ranges that, concatenated, are the tensor's row-major bytes; None when

@@ -31,6 +31,7 @@ LAYERS = (
 )
 # The only upward references: Checkpoint's conveniences that users reach by tab completion.
 CONVENIENCES = {
+    ("inspector.checkpoint", "inspector.analysis.audit"),
     ("inspector.checkpoint", "inspector.analysis.consistency"),
     ("inspector.checkpoint", "inspector.analysis.stats"),
 }

@@ -3,13 +3,15 @@
 Call order: a format is constructed from a storage and a name (metadata only is read),
 then ``entries()``; later, per entry, ``chunk_globals`` / ``describe_chunk`` (a scan:
 small pickle records only), ``read_chunk`` / ``read_object`` (the bytes) and
-``chunk_bytes`` (where plain bytes lie, for copies).
+``chunk_bytes`` (where plain bytes lie, for copies); for an audit, ``stored_records``
+(where every stored record lies and the checksum its file keeps for it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Union
 
 from inspector.entry import Entry
 from inspector.errors import InspectorError
@@ -31,6 +33,27 @@ class Step:
     number: int | None
     location: str
     opened: bool = False
+
+
+class StoredRecord(NamedTuple):
+    """One stretch of stored bytes a format vouches for: the entry it belongs to (None: the
+    file's own, e.g. a header), where it lies, and the CRC-32 its file keeps for it.
+
+    ``crc32`` is None where the format keeps no checksum (safetensors, pre-1.6 torch.save,
+    compressed zip members) and 0 where the writer turned checksums off
+    (``torch.serialization.set_crc32_options(False)``). ``what`` describes the bytes for
+    messages (``"zip record archive/data/0"``). ``problem`` says why the format cannot vouch
+    for them (a damaged archive directory, a header leaving holes); the range is then the
+    one the metadata claims, so a missing or short file is still found.
+    """
+
+    key: str | None
+    file: str
+    offset: int
+    length: int
+    crc32: int | None
+    what: str
+    problem: str | None = None
 
 
 class Source(Protocol):
@@ -82,6 +105,24 @@ class Source(Protocol):
         through safe_pickle without reading tensor bytes. Detection calls it only for chunks
         whose ``chunk_globals`` name a class outside torch."""
         ...
+
+    def stored_records(self) -> Iterator[StoredRecord]:
+        """Every record of the checkpoint's files, for an integrity check: grouped by file and
+        in increasing offset within each. Reads only directories and headers (small records),
+        one item at a time, so a checkpoint of any size is listed in bounded memory. A
+        format without it is audited by its chunks' byte ranges (``chunk_records``)."""
+        ...
+
+
+def chunk_records(source: Source) -> Iterator[StoredRecord]:
+    """Records from the entries' chunk byte ranges, without checksums: what an audit checks
+    of a format that lists no records of its own (sizes and offsets, not the bytes)."""
+    chunks = sorted(
+        ((c.file, c.byte_offset, c.byte_length, e.key) for e in source.entries() for c in e.chunks),
+        key=lambda item: item[:2],
+    )
+    for file, offset, length, key in chunks:
+        yield StoredRecord(key, file, offset, length, None, "stored bytes")
 
 
 def file_sizes(storage: Storage, names: set[str], *, referrer: str) -> dict[str, int | str]:

@@ -3,12 +3,13 @@
 ``open_source`` is the one entry point: a DCP folder (``.metadata``), a file (sniffed from
 its first bytes: safetensors, torch.save zip or pre-1.6 pickle, a ``*.index.json``), or a
 folder of files, chosen by the rules of ``open_folder``. Every choice is written into the
-source's ``notes``.
+source's ``notes``. A folder an unfinished save left is named as such (``unfinished_save``,
+also what the audit reports).
 """
 
 from __future__ import annotations
 
-from inspector.errors import CorruptCheckpointError, NotACheckpointError
+from inspector.errors import CorruptCheckpointError, NotACheckpointError, UnfinishedSaveError
 from inspector.formats.base import Source
 from inspector.formats.dcp import reader as dcp
 from inspector.formats.hf_sharded import ShardedSource
@@ -20,6 +21,8 @@ from inspector.formats.torch_checkpointing import (
     looks_like_torch_checkpointing,
 )
 from inspector.formats.torch_save import TorchSaveSource
+from inspector.formats.unfinished import Sign as Sign  # re-exported: what the audit reports
+from inspector.formats.unfinished import unfinished_save as unfinished_save
 from inspector.storage.base import Kind, Storage
 
 
@@ -113,8 +116,13 @@ def open_folder(storage: Storage) -> Source:
     if leftover:
         note = f"no checkpoint files at top level: using the per-rank files in {SHARDED_DIR}/"
         return _with_notes(open_folder(storage.child(SHARDED_DIR)), (note,), first=True)
-    if unfinished := dcp.unfinished_save(storage, names):
-        raise unfinished
+    signs = [s for s in unfinished_save(storage) if s.blocking]
+    if signs:
+        raise UnfinishedSaveError(
+            "; ".join(s.message for s in signs),
+            file=storage.location,
+            found=tuple(f for s in signs for f in s.files),
+        )
     raise NotACheckpointError(
         "not a checkpoint: no DCP .metadata, torch.save archive or safetensors file found",
         file=storage.location,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, InspectorError, NotACheckpointError
-from inspector.formats.base import ChunkValue, Source, Step
+from inspector.formats.base import ChunkValue, Source, Step, StoredRecord
 from inspector.formats.safe_pickle import SubclassRef, TensorRef
 from inspector.formats.safetensors import SHARDING_KEY
 from inspector.storage.base import ByteRange, Storage
@@ -71,6 +71,11 @@ class ShardedSource:
         pieces, extras = _pieces(weight_map, self._shards, index or storage.location)
         self._entries = [self._merge(key, p) for key, p in pieces.items()]
         self._pieces = {key: p for key, p in pieces.items() if not isinstance(p, str)}
+        self._unplaced = {
+            key: (_named_file(weight_map, key, index or ""), reason)
+            for key, reason in pieces.items()
+            if isinstance(reason, str)
+        }
         self.format = self._format(opened, names)
         self.nesting = next(iter(opened.values())).nesting if opened else "key names"
         self.metadata = {**_common_metadata(opened.values()), **index_metadata}
@@ -165,6 +170,23 @@ class ShardedSource:
     def describe_chunk(self, entry: Entry, index: int) -> TensorRef | SubclassRef:
         shard, sub = self._piece(entry, index)
         return shard.describe_chunk(sub, 0)
+
+    def stored_records(self) -> Iterator[StoredRecord]:
+        """Each shard's records, shard by shard; a shard that cannot be opened and each index
+        line that places its key nowhere usable are listed with the reason."""
+        for name, shard in self._shards.items():
+            if isinstance(shard, str):
+                yield StoredRecord(None, name, 0, 0, None, "shard", shard)
+            else:
+                yield from shard.stored_records()
+        for key, (file, reason) in self._unplaced.items():
+            yield StoredRecord(key, file, 0, 0, None, f"{self.name or 'index'} entry", reason)
+
+
+def _named_file(weight_map: dict[str, Any] | None, key: str, index: str) -> str:
+    """The file the index places ``key`` in, or the index itself when it names none."""
+    name = (weight_map or {}).get(key)
+    return name if isinstance(name, str) else index
 
 
 def _extent(chunks: list[ChunkInfo]) -> tuple[int, ...]:

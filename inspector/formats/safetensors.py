@@ -13,7 +13,7 @@ import math
 import os
 import struct
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, ExportError, UnsupportedError
-from inspector.formats.base import ChunkValue, Step, bytes_view
+from inspector.formats.base import ChunkValue, Step, StoredRecord, bytes_view
 from inspector.formats.safe_pickle import TensorRef
 from inspector.formats.torch_archive import contiguous_strides
 from inspector.formats.writing import Item, write_item
@@ -66,7 +66,8 @@ _PACKED = {"float4_e2m1fn_x2"}
 
 @dataclass(frozen=True)
 class Span:
-    """One tensor of a safetensors file: dtype, shape and absolute byte range, or why unusable."""
+    """One tensor of a safetensors file: dtype, shape and absolute byte range, or why unusable
+    (the range is then 0, 0, or the one claimed when it runs past the end of the file)."""
 
     dtype: str | None
     shape: tuple[int, ...] | None
@@ -173,8 +174,8 @@ def _span(info: Any, data_start: int, data_length: int) -> Span:
         return Span(
             dtype,
             shape,
-            0,
-            0,
+            data_start + begin,
+            end - begin,
             f"data ends at byte {data_start + end}, past the end of the file "
             f"({data_start + data_length} bytes; truncated?)",
         )
@@ -246,6 +247,7 @@ class SafetensorsSource:
     def __init__(self, storage: Storage, name: str) -> None:
         self.storage, self.name = storage, name
         header = read_header(storage, name)
+        self._header = header
         self.metadata = header.metadata
         self.source_files: tuple[str, ...] = (name,)
         self._entries = {k: self._entry(k, span) for k, span in header.tensors.items()}
@@ -296,6 +298,54 @@ class SafetensorsSource:
 
     def describe_chunk(self, entry: Entry, index: int) -> TensorRef:
         return plain_description(entry, index)
+
+    def stored_records(self) -> Iterator[StoredRecord]:
+        """Each tensor's bytes (safetensors keeps no checksums) in offset order, and what its
+        own loader refuses: header lines it cannot use, holes, overlaps or bytes after the
+        last tensor (the data section must be exactly the tensors, back to back)."""
+        yield from _data_section_records(self._header, self.name, self.storage.size(self.name))
+
+
+def _data_section_records(header: Header, file: str, end: int) -> Iterator[StoredRecord]:
+    """The records of a safetensors data section ending at byte ``end`` of ``file``."""
+    what = "safetensors data"
+    spans = sorted(header.tensors.items(), key=lambda item: item[1].start)
+    position = header.data_start
+    for key, span in spans:
+        if span.error and not span.length:
+            yield StoredRecord(key, file, 0, 0, None, "header entry", span.error)
+            continue
+        if span.start > position:
+            yield _layout_record(file, position, span.start, "belong to no tensor (a hole)")
+        elif span.start < position and span.length:
+            yield StoredRecord(
+                key,
+                file,
+                span.start,
+                span.length,
+                None,
+                what,
+                f"bytes {span.start}..{position} also belong to the tensor before it",
+            )
+            position = max(position, span.start + span.length)
+            continue
+        yield StoredRecord(key, file, span.start, span.length, None, what)
+        position = max(position, span.start + span.length)
+    if position < end:
+        yield _layout_record(file, position, end, "follow the last tensor")
+
+
+def _layout_record(file: str, start: int, end: int, why: str) -> StoredRecord:
+    return StoredRecord(
+        None,
+        file,
+        start,
+        end - start,
+        None,
+        "data section",
+        f"bytes {start}..{end} of the data section {why}; safetensors' own loader refuses "
+        "such a file",
+    )
 
 
 def _dtype(entry: Entry) -> str:

@@ -136,12 +136,28 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"record {name!r} claims {info.file_size} bytes", file=self.path, key=self.key
             )
+        if info.compress_type == zipfile.ZIP_STORED:
+            return self._stored_bytes(info)
         try:
             return self._zip.read(info)
         except _ZIP_ERRORS as exc:
             raise CorruptCheckpointError(
                 f"cannot read record {name!r} ({_describe(exc)})", file=self.path, key=self.key
             ) from exc
+
+    def _stored_bytes(self, info: zipfile.ZipInfo) -> bytes:
+        """A stored record's bytes, checked against its CRC-32 unless the writer turned CRCs
+        off (``torch.serialization.set_crc32_options(False)`` writes 0; zipfile would refuse)."""
+        start = _data_start(self.f, info, self.length, file=self.path, key=self.key)
+        data = bytearray(info.file_size)
+        read_exact_into(self.f, start, memoryview(data), file=self.path, key=self.key)
+        if info.CRC and zlib.crc32(data) != info.CRC:
+            raise CorruptCheckpointError(
+                f"cannot read record {info.filename!r} (its bytes fail their CRC-32 check)",
+                file=self.path,
+                key=self.key,
+            )
+        return bytes(data)
 
     def load(self) -> Any:
         """The archive's object, with TensorRef / SubclassRef standing in for tensors."""
@@ -164,26 +180,64 @@ class TorchArchive(StoredTensors):
             raise UnsupportedError(
                 f"storage record {name!r} is compressed", file=self.path, key=self.key
             )
-        self.f.seek(info.header_offset)
-        header = self.f.read(_LOCAL_HEADER.size)
-        if len(header) != _LOCAL_HEADER.size:
-            raise CorruptCheckpointError(
-                f"record {name!r} header is cut off", file=self.path, key=self.key
-            )
-        magic, name_len, extra_len = _LOCAL_HEADER.unpack(header)
-        if magic != b"PK\x03\x04":
-            raise CorruptCheckpointError(
-                f"record {name!r} has a bad local header", file=self.path, key=self.key
-            )
-        start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-        if info.compress_size != info.file_size or start + info.file_size > self.length:
-            raise CorruptCheckpointError(
-                f"record {name!r} claims {info.file_size} bytes at byte {start}, past the end "
-                f"of the archive (byte {self.length})",
-                file=self.path,
-                key=self.key,
-            )
+        start = _data_start(self.f, info, self.length, file=self.path, key=self.key)
         return Record(name, start, info.file_size)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A zip member as an integrity check sees it: its stored bytes (``size`` at ``start`` of
+    the archive stream) and the CRC-32 the central directory keeps (None when compressed:
+    the CRC is then of the inflated bytes)."""
+
+    name: str
+    start: int
+    size: int
+    crc32: int | None
+
+
+def zip_members(f: Stream, length: int, *, file: str, key: str | None) -> list[Member]:
+    """Every member of the zip archive ``f`` (a stream of ``length`` bytes) holds, in stored
+    order; a CorruptCheckpointError when its directory or a local header is damaged."""
+    try:
+        infos = zipfile.ZipFile(f).infolist()
+    except _ZIP_ERRORS as exc:
+        raise CorruptCheckpointError(
+            f"not a readable zip archive ({_describe(exc)})", file=file, key=key
+        ) from exc
+    members = []
+    for info in sorted(infos, key=lambda i: i.header_offset):
+        start = _data_start(f, info, length, file=file, key=key)
+        stored = info.compress_type == zipfile.ZIP_STORED
+        members.append(
+            Member(info.filename, start, info.compress_size, info.CRC if stored else None)
+        )
+    return members
+
+
+def _data_start(
+    f: Stream, info: zipfile.ZipInfo, length: int, *, file: str, key: str | None
+) -> int:
+    """Where the member's stored bytes start, from its local header; they must end inside the
+    archive (and, stored, take as many bytes as they hold)."""
+    name = info.filename
+    f.seek(info.header_offset)
+    header = f.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size:
+        raise CorruptCheckpointError(f"record {name!r} header is cut off", file=file, key=key)
+    magic, name_len, extra_len = _LOCAL_HEADER.unpack(header)
+    if magic != b"PK\x03\x04":
+        raise CorruptCheckpointError(f"record {name!r} has a bad local header", file=file, key=key)
+    start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+    stored = info.compress_type == zipfile.ZIP_STORED
+    if (stored and info.compress_size != info.file_size) or start + info.compress_size > length:
+        raise CorruptCheckpointError(
+            f"record {name!r} claims {info.compress_size} bytes at byte {start}, past the end "
+            f"of the archive (byte {length})",
+            file=file,
+            key=key,
+        )
+    return start
 
 
 # What zipfile raises on damaged archives (NotImplementedError: an unknown zip version;

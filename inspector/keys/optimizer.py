@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from inspector.entry import Entry
@@ -56,3 +57,19 @@ def resolve_optimizer_fqn(ref: OptimizerRef, fqns: set[str] | frozenset[str]) ->
         if text in fqns:
             return text
     return None
+
+
+def state_name(ref: OptimizerRef, fqn: str) -> str:
+    """The state's own name (``exp_avg``, ``step``, ...) once the parameter's FQN is known."""
+    if ref.fqn is not None:
+        return ref.text[len(ref.fqn) + 1 :]
+    return ref.text[len(fqn) + 1 :] if ref.text.startswith(fqn + ".") else ref.text
+
+
+def is_param_list(entry: Entry) -> bool:
+    """``optimizer.param_groups.<i>.params``: the parameters one group trains (their FQNs
+    where torch DCP's ``get_optimizer_state_dict`` wrote the state unflattened)."""
+    if entry.component != "optimizer" or entry.kind != "object":
+        return False
+    parts = [str(p) for p in entry.nested_path[1:]] or entry.key.split(".")[1:]
+    return re.fullmatch(r"param_groups\.\d+\.params", ".".join(parts)) is not None

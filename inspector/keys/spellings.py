@@ -65,3 +65,12 @@ def strip_segments(key: str, prefixes: Iterable[str]) -> str:
 def canonical_fqn(key: str) -> str:
     """The weight's name once wrapper segments and a leading ``model.`` are gone."""
     return strip_segments(key, WRAPPER_PREFIXES).removeprefix(MODEL_PREFIX)
+
+
+def canonical_name(entry: Entry) -> str:
+    """The name a tensor has whatever the layout: a model weight's FQN without component or
+    wrapper prefixes (:func:`canonical_fqn`), any other entry's key without wrapper segments."""
+    fqn = model_fqn(entry)
+    if fqn is None:
+        return strip_segments(entry.key, WRAPPER_PREFIXES)
+    return canonical_fqn(fqn)

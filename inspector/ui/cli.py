@@ -36,6 +36,37 @@ Exit code: 0 when every key, shape and dtype matches as spelled (no rewrite appl
 """
 
 
+AUDIT_HELP = """\
+Check that a checkpoint is whole and that training can resume from it: every file the
+metadata names is there and long enough, every record's CRC-32 matches its bytes (records
+saved with CRCs turned off are reported as unchecked, not damaged), safetensors headers and
+shard indexes place every tensor, no save was left unfinished (.distcp files without
+.metadata, .metadata.tmp, tmp_* folders), every trained parameter has its optimizer state
+shaped like it, and scheduler, dataloader (each data-parallel rank) and train state exist.
+--values also reads every floating tensor for NaN / Inf and compares step counters.
+
+Exit code: 0 when no error was found (warnings and notes may remain), 1 when errors were
+found (an unfinished save included), 2 when the path cannot be opened as a checkpoint.
+
+--json prints {"checkpoint", "format" (null for an unfinished save), "ok", "counts":
+{"error", "warning", "info"}, "checked": null | {"checksums", "values", "files", "records",
+"verified", "unchecked", "without_checksum", "bytes_checksummed", "tensors_scanned"},
+"problems": [{"key", "file", "kind", "severity", "message"}]}; kinds and severities are
+listed in inspector/analysis/findings.py (KINDS).
+"""
+
+FINGERPRINT_HELP = """\
+A content hash of the model's tensors (or of the keys matching --keys) that does not
+depend on the format, sharding, rank count, key prefix or file layout: a 2-rank DCP save,
+its 1-rank re-save, its model.-prefixed twin and its safetensors or .pt export print the
+same digest; another dtype, shape or value prints another.
+
+--json prints {"checkpoint", "algorithm", "digest", "duplicates": [name], "tensors":
+{canonical name: {"key", "dtype", "shape", "digest"}}}. Exit code 0, or 2 when the
+checkpoint (or a tensor) cannot be read.
+"""
+
+
 def _print_table(rows: list[list[str]], header: list[str]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
@@ -117,6 +148,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         rtol=args.rtol,
         key_map=None if args.key_map == "none" else "auto",
         progress=False,
+        fingerprints=args.fingerprints,
     )
     equal = bool(table["equal"].all())
     summary = summarize(table)
@@ -149,6 +181,41 @@ def cmd_diff(args: argparse.Namespace) -> int:
         f"atol={args.atol} rtol={args.rtol}",
     )
     return 0 if equal else 1
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    report = inspector.audit(
+        args.path,
+        checksums=not args.no_checksums,
+        values=args.values,
+        progress=not args.json and sys.stderr.isatty(),
+    )
+    if args.json:
+        json.dump(report.as_dict(), sys.stdout, indent=1)
+        print()
+    else:
+        print(report)
+    return 0 if report.ok else 1
+
+
+def cmd_fingerprint(args: argparse.Namespace) -> int:
+    found = inspector.fingerprint(
+        args.path, keys=args.keys, progress=not args.json and sys.stderr.isatty()
+    )
+    if args.json:
+        json.dump(found.as_dict(), sys.stdout, indent=1)
+        print()
+        return 0
+    print(found)
+    if args.tensors:
+        _print_table(
+            [
+                [p.name, p.dtype, "x".join(map(str, p.shape)) or "()", p.digest]
+                for p in found.prints
+            ],
+            ["name", "dtype", "shape", "digest"],
+        )
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -260,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: match keys across layouts with the FQN doctor's best rewrite",
     )
+    diff.add_argument(
+        "--fingerprints",
+        action="store_true",
+        help="hash each tensor pair from its stored bytes first; equal ones are not compared",
+    )
     diff.set_defaults(func=cmd_diff)
     check = sub.add_parser(
         "check",
@@ -288,6 +360,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--limit", type=int, default=20, help="how many keys to list per group")
     check.set_defaults(func=cmd_check)
+
+    aud = sub.add_parser(
+        "audit",
+        help="is the checkpoint whole and resumable? (exit 0 ok, 1 problems, 2 unreadable)",
+        description=AUDIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    aud.add_argument("path")
+    aud.add_argument("--json", action="store_true", help="machine-readable output")
+    aud.add_argument(
+        "--no-checksums", action="store_true", help="skip reading the bytes for CRC-32 checks"
+    )
+    aud.add_argument("--values", action="store_true", help="also count NaN / Inf values")
+    aud.set_defaults(func=cmd_audit)
+    fpr = sub.add_parser(
+        "fingerprint",
+        help="content hash of the weights, independent of format, sharding and key prefix",
+        description=FINGERPRINT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    fpr.add_argument("path")
+    fpr.add_argument("--json", action="store_true", help="machine-readable output")
+    fpr.add_argument(
+        "--keys",
+        nargs="+",
+        action="extend",
+        metavar="GLOB",
+        help="stored keys or canonical names, any component (after PATH; repeatable)",
+    )
+    fpr.add_argument("--tensors", action="store_true", help="also list each tensor's digest")
+    fpr.set_defaults(func=cmd_fingerprint)
 
     exp = sub.add_parser("export", help="write plain .safetensors (HF-sharded) or .pt, streaming")
     exp.add_argument("path")

@@ -88,7 +88,7 @@ def test_torchtitan_steps_by_number_and_unfinished_passed_over(
     assert ck.location == str(run / "step-10")
     assert ck.source.notes[0] == "opened the latest step, step-10/, of 3 saved step(s)"
     assert ck.source.notes[1].startswith(
-        "passed over step-11/: the save did not finish: .distcp files but no .metadata file"
+        "passed over step-11/: the save did not finish: .metadata.tmp was written but never"
     )
 
 

@@ -329,3 +329,78 @@ def test_check_bad_factory(demo_dir: Path) -> None:
     result = cli("check", str(demo_dir / "flat"), "--against", "no_such_module:build")
     assert result.returncode == 2
     assert result.stderr.startswith("error: cannot import 'no_such_module:build'")
+
+
+# --- audit and fingerprint ------------------------------------------------------------------
+
+
+def test_audit_exit_codes_and_text(demo_dir: Path, demo_copy) -> None:
+    clean = cli("audit", str(demo_dir / "flat"))
+    assert clean.returncode == 0, clean.stderr
+    assert clean.stdout.splitlines()[0] == f"{demo_dir / 'flat'} (dcp): OK"
+    assert "CRC-32s verified" in clean.stdout.splitlines()[1]
+    damaged = demo_copy("flat")
+    (damaged / "__1_0.distcp").unlink()
+    found = cli("audit", str(damaged))
+    assert found.returncode == 1
+    assert "PROBLEMS" in found.stdout and "[missing-file] key " in found.stdout
+    assert "more (a file the checkpoint names is missing or unusable)" in found.stdout
+    (damaged / ".metadata").unlink()  # only rank 0's data is left
+    unfinished = cli("audit", str(damaged))
+    assert unfinished.returncode == 1
+    assert "the save did not finish" in unfinished.stdout
+    missing = cli("audit", str(damaged / "nothing"))
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ")
+
+
+def test_audit_json_shape_and_options(demo_dir: Path) -> None:
+    result = cli("audit", str(demo_dir / "seed"), "--json", "--values")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert set(payload) == {"checkpoint", "format", "ok", "counts", "checked", "problems"}
+    assert payload["ok"] is True and payload["format"] == "dcp"
+    assert payload["counts"] == {"error": 0, "warning": 0, "info": 1}
+    assert payload["problems"] == [
+        {
+            "key": None,
+            "file": None,
+            "kind": "model-only",
+            "severity": "info",
+            "message": payload["problems"][0]["message"],
+        }
+    ]
+    assert payload["checked"]["values"] is True and payload["checked"]["tensors_scanned"] == 21
+    quick = json.loads(cli("audit", str(demo_dir / "seed"), "--json", "--no-checksums").stdout)
+    assert quick["checked"]["checksums"] is False and quick["checked"]["verified"] == 0
+    assert quick["checked"]["records"] == payload["checked"]["records"] > 0
+
+
+def test_fingerprint_text_json_and_keys(demo_dir: Path) -> None:
+    flat = cli("fingerprint", str(demo_dir / "flat"), "--json")
+    prefixed = cli("fingerprint", str(demo_dir / "prefixed"), "--json")
+    assert flat.returncode == prefixed.returncode == 0, flat.stderr
+    a, b = json.loads(flat.stdout), json.loads(prefixed.stdout)
+    assert a["digest"] == b["digest"] and a["tensors"].keys() == b["tensors"].keys()
+    assert b["tensors"]["norm.weight"]["key"] == "model.norm.weight"
+    text = cli("fingerprint", str(demo_dir / "prefixed"), "--tensors", "--keys", "norm.weight")
+    lines = text.stdout.splitlines()
+    assert lines[0].split()[:3] == [
+        inspector.fingerprint(demo_dir / "flat", keys="norm.weight").digest,
+        "1",
+        "tensors",
+    ]
+    assert lines[1].split() == ["name", "dtype", "shape", "digest"]
+    assert lines[2].split() == [
+        "norm.weight",
+        "float32",
+        "64",
+        a["tensors"]["norm.weight"]["digest"],
+    ]
+    unreadable = cli("fingerprint", str(demo_dir / "nothing"))
+    assert unreadable.returncode == 2
+
+
+def test_diff_with_fingerprints(demo_dir: Path) -> None:
+    result = cli("diff", str(demo_dir / "prefixed"), str(demo_dir / "flat"), "--fingerprints")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "347 keys: 347 same"

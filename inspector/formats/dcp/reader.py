@@ -23,16 +23,15 @@ from inspector.entry import ChunkInfo, Entry, layout_problem
 from inspector.errors import (
     CorruptCheckpointError,
     InspectorError,
-    UnfinishedSaveError,
     UnsupportedError,
 )
 from inspector.formats import safe_pickle
-from inspector.formats.base import ChunkValue, Step, file_sizes
+from inspector.formats.base import ChunkValue, Step, StoredRecord, file_sizes
 from inspector.formats.dcp import megatron
 from inspector.formats.dcp.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 from inspector.formats.safe_pickle import DtypeName, SubclassRef, TensorRef, UnknownDtype
 from inspector.formats.safetensors import Header, plain_description, read_header, read_span
-from inspector.formats.torch_archive import TorchArchive, is_zip
+from inspector.formats.torch_archive import TorchArchive, is_zip, zip_members
 from inspector.reprs import bounded_repr
 from inspector.storage.base import ByteRange, Storage, Stream
 
@@ -40,8 +39,8 @@ if TYPE_CHECKING:
     import torch
 
 METADATA_FILE = ".metadata"
-_RANK_METADATA = re.compile(r"__(\d+)\.metadata$")
-_RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp$")
+RANK_METADATA = re.compile(r"__(\d+)\.metadata$")
+RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp$")
 _ZSTD = "stream.zstd/1"
 _TRANSFORM_SLACK = 1 << 20
 # zstd's densest encoding (RLE blocks) stores 128 KiB in 4 bytes: no genuine compressed item
@@ -59,8 +58,8 @@ def metadata_files(storage: Storage, folder: str = "") -> list[str]:
     if METADATA_FILE in names:
         return [METADATA_FILE]
     return sorted(
-        (n for n in names if _RANK_METADATA.fullmatch(n)),
-        key=lambda n: int(_RANK_METADATA.fullmatch(n).group(1)),  # type: ignore[union-attr]
+        (n for n in names if RANK_METADATA.fullmatch(n)),
+        key=lambda n: int(RANK_METADATA.fullmatch(n).group(1)),  # type: ignore[union-attr]
     )
 
 
@@ -68,31 +67,13 @@ def is_dcp_dir(storage: Storage) -> bool:
     return storage.kind() == "dir" and bool(metadata_files(storage))
 
 
-def unfinished_save(storage: Storage, names: list[str]) -> UnfinishedSaveError | None:
-    """The error for a folder of ``.distcp`` files (or a ``.metadata.tmp``) without the
-    ``.metadata`` that torch writes last, once every rank has written its data."""
-    shards = sorted(n for n in names if n.endswith(".distcp"))
-    pending = sorted(n for n in names if n.endswith(f"{METADATA_FILE}.tmp"))
-    if not shards and not pending:
-        return None
-    sizes = ", ".join(f"{n} ({storage.size(n)} bytes)" for n in [*shards, *pending][:8])
-    more = f" and {len(shards) + len(pending) - 8} more" if len(shards) + len(pending) > 8 else ""
-    tmp = f"; only {', '.join(pending)}, which torch renames once written" if pending else ""
-    return UnfinishedSaveError(
-        f"the save did not finish: .distcp files but no {METADATA_FILE} file{tmp} "
-        f"(found {sizes}{more})",
-        file=storage.location,
-        found=tuple([*shards, *pending]),
-    )
-
-
 def _unfinished_ranks(storage: Storage, files: list[str]) -> list[str]:
     """Ranks whose data files exist but whose ``__<rank>.metadata`` does not (saves without
     collectives only: each rank writes its metadata when its own save is done)."""
-    listed = {m.group(1) for f in files if (m := _RANK_METADATA.fullmatch(f))}
+    listed = {m.group(1) for f in files if (m := RANK_METADATA.fullmatch(f))}
     if not listed:
         return []
-    data = {m.group(1) for n, _ in storage.list() if (m := _RANK_FILE.fullmatch(n))}
+    data = {m.group(1) for n, _ in storage.list() if (m := RANK_FILE.fullmatch(n))}
     return sorted(data - listed, key=int)
 
 
@@ -143,8 +124,8 @@ class DcpSource:
         self.notes = tuple(notes)
         data_files = sorted({f for e in self._entries for f in e.files})
         self.source_files = (*files, *data_files)
-        ranks = {m.group(1) for f in data_files if (m := _RANK_FILE.fullmatch(f))}
-        ranks |= {m.group(1) for f in files if (m := _RANK_METADATA.fullmatch(f))}
+        ranks = {m.group(1) for f in data_files if (m := RANK_FILE.fullmatch(f))}
+        ranks |= {m.group(1) for f in files if (m := RANK_METADATA.fullmatch(f))}
         self.ranks = len(ranks) or None
         self.metadata = {"version": _text(getattr(raw, "version", None))}
         checkpoint_id = getattr(getattr(raw, "storage_meta", None), "checkpoint_id", None)
@@ -258,6 +239,64 @@ class DcpSource:
         if entry.chunks[index].file in self._safetensors:
             return plain_description(entry, index)
         return self._on_archive(entry, index, TorchArchive.load)
+
+    def stored_records(self) -> Iterator[StoredRecord]:
+        """Each item's zip records with their CRC-32 (safetensors-format tensor chunks and raw
+        byte items: the item itself, no checksum), file by file in offset order. An item
+        that runs past its file's end, or whose file is missing, is listed whole, unopened."""
+        items = sorted(
+            (
+                (chunk.file, chunk.byte_offset, i, entry)
+                for entry in self._entries
+                for i, chunk in enumerate(entry.chunks)
+                if type(chunk.byte_offset) is int and type(chunk.byte_length) is int
+            ),
+            key=lambda item: item[:2],
+        )
+        sizes: dict[str, int | None] = {}
+        for file, _, index, entry in items:
+            if file not in sizes:
+                sizes[file] = self._size(file)
+            yield from self._item_records(entry, index, sizes[file])
+
+    def _size(self, file: str) -> int | None:
+        try:
+            return self.storage.size(self.storage.check(file, referrer=self.metadata_name))
+        except InspectorError:
+            return None
+
+    def _item_records(self, entry: Entry, index: int, size: int | None) -> Iterator[StoredRecord]:
+        chunk = entry.chunks[index]
+        where = f"the item of chunk {list(chunk.offsets)}" if entry.kind == "tensor" else "the item"
+        whole = StoredRecord(
+            entry.key, chunk.file, chunk.byte_offset, chunk.byte_length, None, where
+        )
+        if size is None or chunk.byte_offset + chunk.byte_length > size or chunk.transforms:
+            yield whole
+            return
+        if chunk.file in self._safetensors and entry.kind == "tensor":
+            yield whole._replace(what=f"safetensors data of chunk {list(chunk.offsets)}")
+            return
+        name = self.storage.check(chunk.file, referrer=self.metadata_name, key=entry.key)
+        label = self.storage.describe(name)
+        with self.storage.window(name, chunk.byte_offset, chunk.byte_length) as f:
+            if not is_zip(f.read(4)):
+                yield whole._replace(what=f"{where} (raw bytes)")
+                return
+            try:
+                members = zip_members(f, chunk.byte_length, file=label, key=entry.key)
+            except InspectorError as exc:
+                yield whole._replace(problem=exc.reason)
+                return
+        for m in members:
+            yield StoredRecord(
+                entry.key,
+                chunk.file,
+                chunk.byte_offset + m.start,
+                m.size,
+                m.crc32,
+                f"zip record {m.name} of {where} at byte {chunk.byte_offset}",
+            )
 
     def _on_archive(self, entry: Entry, index: int, method: Callable[[TorchArchive], Any]) -> Any:
         """``method`` applied to chunk ``index``'s archive; only its small records are read."""

@@ -20,14 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
-from inspector.formats.base import ChunkValue, Step
+from inspector.formats.base import ChunkValue, Step, StoredRecord
 from inspector.formats.safe_pickle import SubclassRef, TensorRef
 from inspector.formats.safetensors import read_span
 from inspector.formats.torch_archive import (
     contiguous_strides,
+    is_zip,
     materialize,
     read_storage_tensor,
     tensor_refs,
+    zip_members,
 )
 from inspector.formats.torch_checkpointing import folder as tc_folder
 from inspector.formats.torch_checkpointing.entries import Entries, local_layout
@@ -172,6 +174,33 @@ class TorchCheckpointingSource:
             return None
         name = self._checked(leaf.file, entry.key)
         return ByteRange(self.storage, name, chunk.byte_offset, chunk.byte_length)
+
+    def stored_records(self) -> Iterator[StoredRecord]:
+        """Each torch.save item file's zip records with their CRC-32, named after the key
+        whose bytes they hold; JSON, raw and safetensors items keep no checksum: their
+        entries' byte ranges."""
+        by_file: dict[str, list[tuple[int, int, str]]] = {}
+        for entry in self.entries():
+            for chunk in entry.chunks:
+                by_file.setdefault(chunk.file, []).append(
+                    (chunk.byte_offset, chunk.byte_length, entry.key)
+                )
+        for name in self.source_files:
+            spans = sorted(by_file.get(name, ()))
+            size = self.storage.size(name)
+            if not is_zip(self.storage.read(name, 0, min(4, size))):
+                for offset, length, key in spans:
+                    yield StoredRecord(key, name, offset, length, None, "stored bytes")
+                continue
+            with self.storage.window(name, 0, size) as f:
+                try:
+                    members = zip_members(f, size, file=self.storage.describe(name), key=None)
+                except CorruptCheckpointError as exc:
+                    yield StoredRecord(None, name, 0, size, None, "zip archive", exc.reason)
+                    continue
+            for m in members:
+                owner = next((k for o, n, k in spans if m.start <= o < m.start + m.size), None)
+                yield StoredRecord(owner, name, m.start, m.size, m.crc32, f"zip record {m.name}")
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         leaf = self._pieces[entry.key][index].leaf

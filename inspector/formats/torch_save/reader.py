@@ -11,7 +11,7 @@ file has bytes, so shared or cyclic references in a pickle cannot make it explod
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
-from inspector.formats.base import ChunkValue, Step
+from inspector.formats.base import ChunkValue, Step, StoredRecord
 from inspector.formats.safe_pickle import Opaque, SubclassRef, TensorRef
 from inspector.formats.safe_pickle.dtensor import dtensor_parts
 from inspector.formats.torch_archive import (
@@ -35,6 +35,7 @@ from inspector.formats.torch_archive import (
     materialize,
     read_storage_tensor,
     tensor_refs,
+    zip_members,
 )
 from inspector.storage.base import ByteRange, Storage, Stream
 
@@ -68,6 +69,7 @@ class TorchSaveSource:
         stem = PurePosixPath(name).stem
         with storage.window(name, 0, size) as f:
             archive, what = _archive(f, self.label, size)
+            self._legacy = isinstance(archive, LegacyArchive)
             value = archive.load()
             self._leaves = _unique(
                 flatten(value, stem, budget=max(size, _MIN_BUDGET), file=self.label)
@@ -154,6 +156,36 @@ class TorchSaveSource:
     def describe_chunk(self, entry: Entry, index: int) -> TensorRef | SubclassRef:
         """The decoded leaf itself (tensor bytes not read)."""
         return self._leaves[entry.key][1]
+
+    def stored_records(self) -> Iterator[StoredRecord]:
+        """Every zip record with its CRC-32, each storage named after the first key using it
+        (pre-1.6 files: each storage's bytes, which that format keeps no checksum for)."""
+        owners: dict[str, str] = {}
+        for key, (_, leaf) in self._leaves.items():
+            for ref in tensor_refs(leaf):
+                if ref.storage is not None:
+                    owners.setdefault(ref.storage.key, key)
+        if self._legacy:
+            for storage_key, record in self._records.items():
+                owner = owners.get(storage_key)
+                if isinstance(record, str):
+                    what = f"storage {storage_key}"
+                    yield StoredRecord(owner, self.name, 0, 0, None, what, record)
+                else:
+                    yield StoredRecord(
+                        owner, self.name, record.start, record.size, None, record.name
+                    )
+            return
+        size = self.storage.size(self.name)
+        with self.storage.window(self.name, 0, size) as f:
+            try:
+                members = zip_members(f, size, file=self.label, key=None)
+            except CorruptCheckpointError as exc:
+                yield StoredRecord(None, self.name, 0, size, None, "zip archive", exc.reason)
+                return
+        for m in members:
+            owner = owners.get(m.name.rpartition("/data/")[2]) if "/data/" in m.name else None
+            yield StoredRecord(owner, self.name, m.start, m.size, m.crc32, f"zip record {m.name}")
 
 
 def _partial_dtensor(leaf: Any) -> str | None:

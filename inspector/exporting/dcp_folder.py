@@ -71,8 +71,10 @@ def export_dcp(
             checker.close()
             weights.release()
     skipped = {weights.stored(k): why for k, why in found.left_out.items()} | weights.skipped
-    conversions = {}
+    conversions: dict[str, str] = {}
+    names: dict[str, str] = {}
     for output, chunk in zip(found.outputs, chunks, strict=True):
+        names.setdefault(weights.stored(output.source), output.name)  # not a fill made from it
         text = weights.conversion(output)
         if text:
             at = f" at {list(chunk.offsets)}" if chunk.item.shape != chunk.shape else ""
@@ -86,7 +88,7 @@ def export_dcp(
         bytes=total,
         skipped=skipped,
         conversions=conversions,
-        names={weights.stored(o.source): o.name for o in found.outputs},
+        names=names,
         seconds=time.perf_counter() - started,
         verification=verification,
         arch=found.arch,

@@ -118,6 +118,7 @@ def test_experts_become_chunks_of_the_stack(exports) -> None:
     assert "one expert of torchtitan's stack" in result.conversions[f"{stack} at [3, 0, 0]"]
     bias = "layers.0.moe.expert_bias_E"
     assert "zeros" in result.conversions[bias]
+    assert result.names["model.layers.0.mlp.gate.weight"] == "layers.0.moe.router.gate.weight"
     assert any("expert_bias_E x2" in note for note in result.notes)
     assert result.tensors == len(dcp.FileSystemReader(out).read_metadata().state_dict_metadata)
     assert result.arch == "qwen3_moe" and "HF names" in result.reason

@@ -5,6 +5,10 @@ read (FP8 handling first), transformed, optionally cast and written into sharded
 safetensors one at a time, next to ``config.json`` (checked against the weights) and the
 asset files of ``hf_assets`` copied byte for byte. Everything appears under its final name
 only when all of it was written, then the shards are re-read and compared.
+
+A tied head (torchtitan saves both ``lm_head`` and the embedding) is left out only after
+it was compared with the embedding: one that differs is refused (the config says tied,
+the weights say otherwise), with the advice to pass ``tie_word_embeddings=False``.
 """
 
 from __future__ import annotations

@@ -164,11 +164,13 @@ def test_bfloat16_equals_the_original_with_its_parameters_cast(
     torchtitan_models, name, tmp_path
 ) -> None:
     out = tmp_path / "bf16"
+    config = torchtitan_models.config(name)
+    del config["dtype"]  # as transformers 4 configs spell it: torch_dtype, filled in
     result = inspector.export(
         torchtitan_models.dcp(name, "torchtitan", "flat"),
         out,
         format="hf",
-        hf_assets=torchtitan_models.assets(name),
+        hf_config=config,
         dtype="bfloat16",
         progress=False,
     )
@@ -179,7 +181,8 @@ def test_bfloat16_equals_the_original_with_its_parameters_cast(
     for p in original.parameters():  # the parameters only: RoPE buffers stay float32
         p.data = p.data.to(torch.bfloat16)
     assert problems == {} and torch.equal(tm.logits(model), tm.logits(original))
-    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    written = json.loads((out / "config.json").read_text())
+    assert written["torch_dtype"] == "bfloat16" and "dtype" not in written
 
 
 def test_small_max_shard_size_gives_shards_and_an_index(
@@ -205,6 +208,26 @@ def test_small_max_shard_size_gives_shards_and_an_index(
     model, problems = load_hf(out)
     assert problems == {} and torch.equal(tm.logits(model), reference_logits["qwen3_moe"])
     assert result.verification.ok and result.verification.checked == len(index["weight_map"])
+
+
+def test_each_source_tensor_is_read_once(torchtitan_models, tmp_path) -> None:
+    """Streaming: the stacked experts (most of the bytes) are read once for all their
+    experts, not once per expert; pickles and metadata add a little."""
+    ck = inspector.open(torchtitan_models.dcp("qwen3_moe", "torchtitan", "flat"))
+    stacks = sum(e.nbytes for e in ck.entries() if "inner_experts" in e.key)
+    weights = sum(e.nbytes for e in ck.entries() if e.component == "model")
+    assert stacks > weights / 2
+    before = ck.io.bytes
+    result = inspector.export(
+        ck,
+        tmp_path / "out",
+        format="hf",
+        hf_assets=torchtitan_models.assets("qwen3_moe"),
+        verify=False,
+        progress=False,
+    )
+    assert result.verification is None
+    assert weights <= ck.io.bytes - before < 1.25 * weights
 
 
 # --- key spellings and FP8 ------------------------------------------------------------------

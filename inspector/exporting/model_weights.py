@@ -155,17 +155,21 @@ def compare_tied(weights: ModelWeights, pairs: tuple[tuple[str, str], ...]) -> N
             )
 
 
-def load_config(hf_config: HfConfig, *folders: str | os.PathLike | None) -> dict | None:
+def load_config(
+    hf_config: HfConfig, hf_assets: str | os.PathLike | None, source: Path | None = None
+) -> dict | None:
     """``hf_config`` (a dict, or a config.json path or its folder), else the config.json of
-    the first of ``folders`` (hf_assets, the source) that has one; None when none does."""
+    ``hf_assets``, else the source folder's; None when there is none."""
+    if hf_assets is not None and not Path(hf_assets).expanduser().is_dir():
+        raise ExportError("hf_assets is not a folder", file=hf_assets)
     if isinstance(hf_config, Mapping):
         return dict(hf_config)
     if hf_config is not None:
         path = Path(hf_config).expanduser()
         return _read_config(path / CONFIG_NAME if path.is_dir() else path, "hf_config")
-    for folder in folders:
-        if folder is not None and (Path(folder) / CONFIG_NAME).is_file():
-            return _read_config(Path(folder) / CONFIG_NAME, "the config")
+    for folder in (hf_assets, source):
+        if folder is not None and (Path(folder).expanduser() / CONFIG_NAME).is_file():
+            return _read_config(Path(folder).expanduser() / CONFIG_NAME, "the config")
     return None
 
 
@@ -182,12 +186,11 @@ def _read_config(path: Path, argument: str) -> dict:
 def asset_files(folder: str | os.PathLike | None) -> list[Path]:
     """The files of ``hf_assets`` an HF folder takes along as they are (tokenizer, generation
     config, chat template, README, ...): every top-level file except weights, their index,
-    config.json (written from the checked config) and hidden files."""
+    config.json (written from the checked config) and hidden files (checked to be a folder
+    by :func:`load_config`)."""
     if folder is None:
         return []
     root = Path(folder).expanduser()
-    if not root.is_dir():
-        raise ExportError("hf_assets is not a folder", file=root)
     return sorted(
         p
         for p in root.iterdir()

@@ -359,6 +359,18 @@ def test_arguments_that_do_not_fit_are_refused(torchtitan_models, tmp_path, argu
     assert not (tmp_path / "out").exists()
 
 
+def test_an_assets_path_that_is_no_folder_is_named(torchtitan_models, tmp_path) -> None:
+    with pytest.raises(InspectorError, match=r"no-such-assets: hf_assets is not a folder"):
+        inspector.export(
+            torchtitan_models.dcp("llama3", "torchtitan", "flat"),
+            tmp_path / "out",
+            format="hf",
+            hf_assets=tmp_path / "no-such-assets",
+            progress=False,
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_usage_errors_are_value_errors(torchtitan_models, tmp_path) -> None:
     with pytest.raises(UsageError):
         inspector.export(torchtitan_models.hf("llama3"), tmp_path / "o", format="hf", nested=True)

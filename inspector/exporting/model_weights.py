@@ -16,6 +16,7 @@ from inspector import dtypes
 from inspector.errors import ExportError, UsageError
 from inspector.exporting import plan as planning
 from inspector.exporting.fp8 import Output as Fp8Output
+from inspector.formats.base import bytes_view
 from inspector.formats.writing import Item
 from inspector.keys.spellings import WRAPPER_PREFIXES, model_fqn, strip_segments
 
@@ -71,15 +72,15 @@ class ModelWeights:
         found, consumed = planning.outputs(ck, tensors, fp8, dtype, "fail")
         self.skipped |= consumed
         self.outputs: dict[str, Fp8Output] = {}
-        self.keys: dict[str, str] = {}
+        self._keys: dict[str, str] = {}
         for output in found:
             fqn = strip_segments(model_fqn(ck.entry(output.name)) or output.name, WRAPPER_PREFIXES)
             if fqn in self.outputs:
                 raise ExportError(
-                    f"{self.keys[fqn]!r} and {output.name!r} are both the model weight {fqn!r}",
+                    f"{self._keys[fqn]!r} and {output.name!r} are both the model weight {fqn!r}",
                     key=output.name,
                 )
-            self.outputs[fqn], self.keys[fqn] = output, output.name
+            self.outputs[fqn], self._keys[fqn] = output, output.name
         self._held: tuple[str, torch.Tensor] | None = None
 
     def metas(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -97,11 +98,12 @@ class ModelWeights:
         return self._held[1]
 
     def release(self) -> None:
+        """Drop the tensor the cache holds (after writing, after verifying)."""
         self._held = None
 
     def stored(self, fqn: str) -> str:
         """The stored key of the weight ``fqn``."""
-        return self.keys[fqn]
+        return self._keys[fqn]
 
     def cast_to(self, output: hf.Output) -> str | None:
         """The dtype ``output`` is cast to (only high-precision values are), or None."""
@@ -119,7 +121,7 @@ class ModelWeights:
         produce = functools.partial(_produce, self, output, cast)
         fp8 = self.outputs[output.source]
         plain = output.transform is transforms.copy and fp8.conversion is None and not cast
-        key = self.keys[output.source]
+        key = self._keys[output.source]
         ranges = functools.partial(self.ck.byte_ranges, key) if plain and fp8.name == key else None
         return Item(output.name, dtype, output.shape, produce, ranges)
 
@@ -134,7 +136,7 @@ class ModelWeights:
             f"cast to {cast}" if cast else None,
         ]
         text = "; ".join(p for p in parts if p)
-        return f"{self.keys[output.source]}: {text}" if text else None
+        return f"{self._keys[output.source]}: {text}" if text else None
 
 
 def _produce(weights: ModelWeights, output: hf.Output, cast: str | None) -> torch.Tensor:
@@ -145,13 +147,14 @@ def _produce(weights: ModelWeights, output: hf.Output, cast: str | None) -> torc
 def compare_tied(weights: ModelWeights, pairs: tuple[tuple[str, str], ...]) -> None:
     """Refuse to leave out a tied head whose weights differ from the embedding's."""
     for head, embedding in pairs:
-        a, b = weights.outputs[head].read(), weights.outputs[embedding].read()
-        if a.shape != b.shape or a.dtype != b.dtype or not a.equal(b):
+        a, b = (weights.outputs[k].read().contiguous() for k in (head, embedding))
+        same = a.shape == b.shape and a.dtype == b.dtype and bytes_view(a) == bytes_view(b)
+        if not same:  # bytes, so a NaN equals itself
             raise ExportError(
-                f"hf_config tie_word_embeddings is true, but {weights.keys[head]!r} differs "
-                f"from {weights.keys[embedding]!r}, which HF would use in its place: pass "
+                f"hf_config tie_word_embeddings is true, but {weights.stored(head)!r} differs "
+                f"from {weights.stored(embedding)!r}, which HF would use in its place: pass "
                 "tie_word_embeddings=False in hf_config to keep the head",
-                key=weights.keys[head],
+                key=weights.stored(head),
             )
 
 

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import inspector
 from inspector.errors import ExportError
-from inspector.formats.dcp.writer import Chunk, whole, write_dcp
+from inspector.formats.dcp.writer import Chunk, write_dcp
 from inspector.formats.writing import Item
 
 
@@ -26,6 +26,11 @@ def raw(tensor: torch.Tensor) -> torch.Tensor:
 def item(name: str, tensor: torch.Tensor) -> Item:
     dtype = str(tensor.dtype).removeprefix("torch.")
     return Item(name, dtype, tuple(tensor.shape), lambda: tensor)
+
+
+def whole(item: Item) -> Chunk:
+    """All of ``item``, stored under its own name."""
+    return Chunk(item.name, item, (0,) * len(item.shape), item.shape)
 
 
 def state() -> dict[str, torch.Tensor]:

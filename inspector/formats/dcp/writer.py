@@ -42,11 +42,6 @@ class Chunk:
     shape: tuple[int, ...]
 
 
-def whole(item: Item) -> Chunk:
-    """The chunk that is all of ``item``, stored under its own name."""
-    return Chunk(item.name, item, (0,) * len(item.shape), item.shape)
-
-
 def write_dcp(
     folder: Path, chunks: Sequence[Chunk], progress: Callable[[Item], None], overwrite: bool
 ) -> list[Path]:

@@ -32,7 +32,7 @@ demo: $(DEMO)/.built
 
 $(DEMO)/.built: $(PY) pyproject.toml $(wildcard inspector/demo/*.py)
 	$(PIP) $(TORCH)
-	$(PIP) -e .
+	$(PIP) -e '.[hf]'
 	$(PY) -m inspector.demo $(DEMO)
 	touch $@
 

@@ -43,7 +43,11 @@ FORMAT_SURFACE = (
     "inspector.formats.writing",
     "inspector.formats.safe_pickle",
 )
-FORMAT_WRITERS = ("inspector.formats.safetensors", "inspector.formats.torch_save.writer")
+FORMAT_WRITERS = (
+    "inspector.formats.safetensors",
+    "inspector.formats.torch_save.writer",
+    "inspector.formats.dcp.writer",
+)
 
 
 def module_name(path: Path) -> str:

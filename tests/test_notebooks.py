@@ -15,7 +15,7 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ("inspect", "fqn_mismatch", "fp8_export")
+NAMES = ("inspect", "fqn_mismatch", "fp8_export", "to_huggingface")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
@@ -96,6 +96,26 @@ STORIES = {
             "forward pass: (1, 8, 256)",
         ],
         "exports/fp8-bf16/model.safetensors",
+    ),
+    "to_huggingface": (
+        [
+            "refused: the llama3 export needs num_attention_heads (attention heads per layer): "
+            "pass it in hf_config",
+            "anything written: False",
+            "arch llama3: all 21 model weights match its rules in torchtitan 0.3 names",
+            "verified 21 tensors bit-exact",
+            "files: ['config.json', 'generation_config.json', 'model.safetensors', "
+            "'special_tokens_map.json', 'tokenizer.json', 'tokenizer_config.json']",
+            "generated: the quick brown fox",
+            "embeddings equal to the checkpoint's: True",
+            "written in torchtitan July-2025 names",
+            "loaded into TinyLlama (July-2025 names), equal to the 0.3 checkpoint: True",
+            "Best rewrite: respell torchtitan 0.3 names as torchtitan July-2025 names "
+            "(attention.qkv_linear.wq -> attention.wq",
+            "lm_head.weight -> output.weight",
+            "After it: every key, shape and dtype matches.",
+        ],
+        "exports/llama-hf/model.safetensors",
     ),
 }
 

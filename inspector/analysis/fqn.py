@@ -227,7 +227,9 @@ class KeyReport:
             lines.append(self.after()._residue())
         else:
             if self.missing or self.unexpected:
-                lines.append("No prefix or wrapper rewrite explains the difference.")
+                lines.append(
+                    "No prefix, wrapper or naming-generation rewrite explains the difference."
+                )
             lines.append(self._residue())
         return " ".join(line for line in lines if line)
 

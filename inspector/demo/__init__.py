@@ -2,7 +2,9 @@
 
 ``python -m inspector.demo OUT_DIR`` writes ``flat/``, ``prefixed/``, ``fp8/`` (2 gloo
 processes, FSDP2 ``fully_shard`` on a CPU mesh, so tensors are split into chunks across
-``__0_0.distcp`` and ``__1_0.distcp``) and ``seed/`` (model only, one process).
+``__0_0.distcp`` and ``__1_0.distcp``), ``seed/`` (model only, one process) and
+``llama_hf/`` (a torchtitan 0.3 Llama checkpoint plus the HF assets an HF export copies,
+:mod:`inspector.demo.llama_hf`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ TRAIN_STEPS = 2
 def build_demo(out_dir: str | os.PathLike, *, world_size: int = 2) -> dict[str, Path]:
     """Write every demo checkpoint under ``out_dir`` and return ``{name: path}``."""
     from inspector.demo.gloo import run_ranks
+    from inspector.demo.llama_hf import HF_DEMO, build_llama_hf
 
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     _save_seed(out / "seed")
     run_ranks(_train_and_save, str(out), world_size=world_size)
-    return {name: out / name for name in DEMO_CHECKPOINTS}
+    return {name: out / name for name in DEMO_CHECKPOINTS} | {HF_DEMO: build_llama_hf(out)}
 
 
 def _save_seed(path: Path) -> None:

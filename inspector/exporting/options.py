@@ -37,7 +37,9 @@ class ExportOptions:
     """What to export where; ``dtype`` None keeps stored dtypes, ``rename`` maps stored keys.
 
     ``out`` is a folder (safetensors: ``model.safetensors`` or shards + index inside it; pt:
-    ``model.pt`` inside it) or a file name with the format's suffix.
+    ``model.pt`` inside it; hf: the model folder) or a file name with the format's suffix.
+    ``arch`` and ``hf_assets`` are for the hf format, which writes the whole model under
+    its HF names (``model_only``, ``flatten`` and ``rename`` do not apply to it).
     """
 
     out: str
@@ -51,6 +53,8 @@ class ExportOptions:
     verify: bool = True
     rename: dict[str, str] | None = None
     rename_source: str | None = None
+    arch: str = "auto"
+    hf_assets: str | None = None
 
     def target(self) -> Path:
         """The path handed to the exporter: a .pt file for pt, the folder (or file) otherwise."""
@@ -69,16 +73,20 @@ class ExportOptions:
             parse_size(self.max_shard_size)
         except InspectorError as exc:
             raise InspectorError(f"max shard size: {exc.reason}") from None
-        return {
+        common = {
             "format": self.format,
             "dtype": dtypes.optional_name(self.dtype or None),
             "fp8": self.fp8,
-            "model_only": self.model_only,
-            "flatten": self.flatten,
-            "rename": self.rename,
             "max_shard_size": self.max_shard_size,
             "overwrite": self.overwrite,
             "verify": self.verify,
+        }
+        if self.format == "hf":
+            return common | {"arch": self.arch, "hf_assets": (self.hf_assets or "").strip() or None}
+        return common | {
+            "model_only": self.model_only,
+            "flatten": self.flatten,
+            "rename": self.rename,
         }
 
     def run(

@@ -26,7 +26,10 @@ if TYPE_CHECKING:
 
     from inspector.checkpoint import Checkpoint
 
-EXPORT_FORMATS = ("safetensors", "pt")
+EXPORT_FORMATS = ("safetensors", "pt", "hf", "dcp")
+MODEL_FOLDER_FORMATS = ("hf", "dcp")  # whole models under another family's names
+# The architectures of exporting/hf/ (listed here so the CLI's help need not import torch).
+ARCHITECTURE_NAMES = ("llama3", "qwen3", "qwen3_moe", "deepseek_v3")
 CAST_DTYPES = ("bfloat16", "float16", "float32")  # what the app and CLI offer to cast to
 ON_ERROR = ("fail", "skip")
 DEFAULT_SHARD_SIZE = "5GB"  # huggingface_hub's default (decimal)

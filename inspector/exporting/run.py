@@ -1,4 +1,5 @@
-"""Export a checkpoint (``inspector.export``) to ``.safetensors`` or ``.pt``, streaming.
+"""Export a checkpoint (``inspector.export``) to ``.safetensors`` or ``.pt``, streaming; the
+model-folder formats ``hf`` and ``dcp`` are in :mod:`.model_folder`.
 
 Tensors are read, converted (FP8 handling, :mod:`.fp8`; an optional cast) and written one
 at a time, so memory is bounded by the largest tensor. Files appear under their final
@@ -11,13 +12,13 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
-from inspector.errors import ExportError, InspectorError
+from inspector.errors import ExportError, InspectorError, UsageError
 from inspector.exporting import plan
 from inspector.exporting import verify as checking
 from inspector.exporting.plan import INDEX_NAME, Planned, Rename
@@ -58,6 +59,9 @@ class ExportResult:
     names: dict[str, str]
     seconds: float
     verification: Verification | None
+    arch: str | None = None
+    reason: str = ""
+    notes: tuple[str, ...] = ()
 
     def summary(self) -> str:
         lines = [
@@ -66,19 +70,32 @@ class ExportResult:
             + f" to {len(self.files)} file(s) in {self.seconds:.1f} s",
             *(f"  {p}" for p in self.files),
         ]
+        if self.arch:
+            lines.append(f"arch {self.reason}")
+        lines += [f"note: {n}" for n in self.notes]
         if self.conversions:
             lines.append(
                 f"converted {len(self.conversions)} tensors, e.g. "
                 f"{next(iter(self.conversions.values()))}"
             )
         if self.skipped:
-            lines.append(
-                f"skipped {len(self.skipped)} keys, e.g. "
-                + "; ".join(f"{k}: {v}" for k, v in list(self.skipped.items())[:3])
-            )
+            lines.append(_skipped_text(self.skipped))
         if self.verification is not None:
             lines.append(str(self.verification))
         return "\n".join(lines)
+
+
+def _skipped_text(skipped: dict[str, str], shown: int = 3) -> str:
+    """How many keys were left out, grouped by why (the first few reasons)."""
+    by_reason: dict[str, list[str]] = {}
+    for key, why in skipped.items():
+        by_reason.setdefault(why, []).append(key)
+    parts = [
+        f"{keys[0]}: {why}" if len(keys) == 1 else f"{len(keys)} keys ({why}; e.g. {keys[0]})"
+        for why, keys in by_reason.items()
+    ]
+    more = f"; and {len(parts) - shown} more reasons" if len(parts) > shown else ""
+    return f"skipped {len(skipped)} keys: " + "; ".join(parts[:shown]) + more
 
 
 def export(
@@ -94,6 +111,10 @@ def export(
     include: Iterable[str] | None = None,
     exclude: Iterable[str] | None = None,
     rename: Rename = None,
+    arch: str | None = None,
+    naming: str | None = None,
+    hf_config: Mapping[str, Any] | str | os.PathLike | None = None,
+    hf_assets: str | os.PathLike | None = None,
     max_shard_size: int | str = plan.DEFAULT_SHARD_SIZE,
     overwrite: bool = False,
     verify: bool = True,
@@ -113,25 +134,69 @@ def export(
     (decided from the stored nesting, not the spelling). ``rename``: exact stored keys
     (e.g. a KeyReport's ``mapping()``) then regex -> replacement, or a callable.
     ``on_error``: "fail" or "skip" entries that cannot be read.
+
+    hf: ``out`` is a Hugging Face model folder: the model weights under the HF names of
+    ``arch`` ("auto" decides from the key names; "llama3", "qwen3", "qwen3_moe",
+    "deepseek_v3"), transformed as HF needs them, sharded past ``max_shard_size``, with
+    ``config.json`` from ``hf_config`` (a dict or a config.json path) or
+    ``hf_assets/config.json``, completed and checked against the weights, and the
+    tokenizer, generation config and other files of ``hf_assets`` copied as they are.
+    dcp: the reverse, HF weights -> a DCP folder with flat torchtitan names of ``naming``
+    ("torchtitan": 0.3, "torchtitan-2025": July 2025), for torchtitan's initial_load_path.
+    Left-out keys (training state, a tied head, torchtitan-only buffers) and why are in
+    ``skipped``, the architecture and why in ``arch`` and ``reason``.
     """
     from inspector.checkpoint import as_checkpoint
 
     plan.check_choice("format", format, plan.EXPORT_FORMATS)
     plan.check_choice("on_error", on_error, plan.ON_ERROR)
+    if format in plan.MODEL_FOLDER_FORMATS:
+        from inspector.exporting.model_folder import export_model_folder
+
+        changed = {
+            "model_only": not model_only,
+            "flatten": not flatten,
+            "nested": nested,
+            "include": include is not None,
+            "exclude": exclude is not None,
+            "rename": rename is not None,
+            "on_error": on_error != "fail",
+        }
+        return export_model_folder(
+            as_checkpoint(ck_or_path),
+            Path(out).expanduser(),
+            format,
+            changed,
+            arch=arch or "auto",
+            naming=naming,
+            hf_config=hf_config,
+            hf_assets=hf_assets,
+            dtype=dtypes.optional_name(dtype),
+            fp8=fp8,
+            max_shard_size=max_shard_size,
+            overwrite=overwrite,
+            verify=verify,
+            progress=progress,
+            on_progress=on_progress,
+        )
+    given = {"arch": arch, "naming": naming, "hf_config": hf_config, "hf_assets": hf_assets}
+    if any(v is not None for v in given.values()):
+        shown = ", ".join(k for k, v in given.items() if v is not None)
+        raise UsageError(f"{shown} only apply to format='hf' or 'dcp'")
     if nested and (format != "pt" or rename is not None):
         raise ExportError("nested=True writes the stored nesting of a .pt; rename does not apply")
     cast = dtypes.optional_name(dtype)
     started = time.perf_counter()
     ck = as_checkpoint(ck_or_path)
     out = Path(out).expanduser()
-    _refuse_inside_source(ck, out)
+    refuse_inside_source(ck, out)
     selected, skipped = plan.select(ck, model_only, include, exclude, on_error, format != "pt")
     tensor_keys = [k for k in selected if ck.entry(k).kind == "tensor"]
     found, consumed = plan.outputs(ck, tensor_keys, fp8, cast, on_error)
     skipped |= consumed
     planned = plan.name_outputs(ck, found, cast, flatten, rename)
     objects = [k for k in selected if ck.entry(k).kind == "object"]
-    meter = _Meter(sum(p.item.nbytes for p in planned), progress, on_progress)
+    meter = Meter(sum(p.item.nbytes for p in planned), progress, on_progress)
     try:
         if format == "safetensors":
             metadata = _metadata(ck, fp8, cast)
@@ -149,7 +214,7 @@ def export(
     kept = [p for p in planned if p.item.name in done]
     verification = None
     if verify:
-        checker = _Meter(sum(p.item.nbytes for p in kept), progress, on_progress, "verify")
+        checker = Meter(sum(p.item.nbytes for p in kept), progress, on_progress, "verify")
         try:
             target = files[0] if index is None else index
             verification = checking.verify(target, kept, nested, checker)
@@ -170,7 +235,7 @@ def export(
     )
 
 
-def _refuse_inside_source(ck: Checkpoint, out: Path) -> None:
+def refuse_inside_source(ck: Checkpoint, out: Path) -> None:
     """Never write into a checkpoint folder, nor over a file the checkpoint is made of."""
     source, target = Path(ck.path).resolve(), out.resolve()
     if source.is_dir() and (target == source or source in target.parents):
@@ -190,7 +255,7 @@ def _resolved(folder: Path, name: str) -> Path | None:
         return None
 
 
-class _Meter:
+class Meter:
     """A tqdm bar in bytes plus the caller's callback."""
 
     def __init__(
@@ -242,7 +307,7 @@ def _write_safetensors(
     overwrite: bool,
     on_error: str,
     skipped: dict[str, str],
-    meter: _Meter,
+    meter: Meter,
 ) -> tuple[list[Path], Path | None, set[str]]:
     single_file = out.suffix == ".safetensors"
     folder = out.parent if single_file else out
@@ -279,7 +344,7 @@ def _write_safetensors(
     return [p for p in written if p != index], index, set(weight_map)
 
 
-def _write_shard(path: Path, items: list[Item], *, metadata: dict[str, str], meter: _Meter) -> None:
+def _write_shard(path: Path, items: list[Item], *, metadata: dict[str, str], meter: Meter) -> None:
     write_safetensors(path, items, metadata, meter)
 
 
@@ -320,7 +385,7 @@ def _write_pt(
     overwrite: bool,
     on_error: str,
     skipped: dict[str, str],
-    meter: _Meter,
+    meter: Meter,
 ) -> tuple[list[Path], int, set[str]]:
     from inspector.formats.torch_save.writer import weights_only_problem, write_torch_save
 

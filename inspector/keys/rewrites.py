@@ -1,8 +1,10 @@
 """Candidate key rewrites that turn checkpoint keys into model keys, ranked by what they fix.
 
-A rewrite has one or two steps: a prefix step (strip or add ``model.``, or a prefix
-difference inferred from the unmatched keys) and a wrapper step (drop a wrapper segment
-such as ``_orig_mod.`` wherever it sits and put it back wherever the model's keys have it).
+A rewrite has up to three steps: a prefix step (strip or add ``model.``, or a prefix
+difference inferred from the unmatched keys), a naming-generation step (torchtitan's July
+2025 names <-> its 0.3 names, :mod:`inspector.keys.generations`) and a wrapper step (drop a
+wrapper segment such as ``_orig_mod.`` wherever it sits and put it back wherever the
+model's keys have it).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from inspector.keys.generations import GENERATIONS, Rename, renames_in, respell
 from inspector.keys.spellings import (
     MODEL_PREFIX,
     MODEL_PREFIX_ORIGIN,
@@ -69,7 +72,35 @@ class WrapperStep:
         return tuple(WRAPPER_ORIGINS[w] for w in self.wrappers)
 
 
-Step = PrefixStep | WrapperStep
+@dataclass(frozen=True)
+class GenerationStep:
+    """Respell torchtitan names of generation ``source`` as ``target`` spells them, where the
+    respelled key is a model key once wrapper segments are set aside (a name both
+    generations share, such as DeepSeek's ``attention.wq``, is left alone)."""
+
+    source: str
+    target: str
+    renames: tuple[Rename, ...]
+    model_keys: frozenset[str] = field(repr=False, compare=False, hash=False)
+
+    def apply(self, key: str) -> str:
+        renamed = respell(key, self.source, self.target)
+        return renamed if strip_segments(renamed, WRAPPER_PREFIXES) in self.model_keys else key
+
+    @property
+    def description(self) -> str:
+        shown = ", ".join(
+            f"{r.spelling(self.source)} -> {r.spelling(self.target)}" for r in self.renames
+        )
+        return f"respell {GENERATIONS[self.source]} as {GENERATIONS[self.target]} ({shown})"
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        changes = ", ".join(dict.fromkeys(r.change for r in self.renames))
+        return (f"torchtitan renamed these modules between July 2025 and 0.3, PRs {changes}",)
+
+
+Step = PrefixStep | GenerationStep | WrapperStep
 
 
 @dataclass(frozen=True)
@@ -176,6 +207,13 @@ def suggest(
         both = evaluate((p, w))
         if both[0].resolves > max(singles[p][0].resolves, singles[w][0].resolves):
             found.append(both)
+    bases = [((), 0), *((f[0].steps, f[0].resolves) for f in found)]
+    for g in _generation_steps(unmatched, theirs):
+        for steps, resolved in bases:
+            prefix = tuple(s for s in steps if isinstance(s, PrefixStep))
+            with_g = evaluate((*prefix, g, *(s for s in steps if isinstance(s, WrapperStep))))
+            if with_g[0].resolves > resolved:
+                found.append(with_g)
     found.sort(key=lambda f: (-f[0].resolves, f[0].shape_mismatches, len(f[0].steps)))
     ranked, seen = [], set()
     for suggestion, renamed in found:
@@ -183,6 +221,17 @@ def suggest(
             seen.add(renamed)
             ranked.append(suggestion)
     return ranked
+
+
+def _generation_steps(unmatched: Sequence[str], theirs: Mapping[str, Spec]) -> list[GenerationStep]:
+    """A respelling from each torchtitan generation whose names some unmatched keys use."""
+    model_keys = frozenset(strip_segments(k, WRAPPER_PREFIXES) for k in theirs)
+    steps = []
+    for source, target in itertools.permutations(GENERATIONS, 2):
+        renames = renames_in(list(unmatched[:_INFER_SAMPLE]), source)
+        if renames:
+            steps.append(GenerationStep(source, target, tuple(renames), model_keys))
+    return steps
 
 
 def _prefix_steps(

@@ -312,3 +312,20 @@ def atomic_files(folder: Path, overwrite: bool) -> Iterator[AtomicFiles]:
     except BaseException:
         files.discard()
         raise
+
+
+@contextmanager
+def new_folder(folder: Path) -> Iterator[Path]:
+    """``folder``, made (parents too) if missing; the folders made are removed again, when
+    still empty, if the block fails: a failed export leaves no trace."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    except BaseException:
+        for path in made:  # deepest first
+            try:
+                path.rmdir()
+            except OSError:
+                break
+        raise

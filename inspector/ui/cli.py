@@ -14,7 +14,8 @@ from typing import Any
 import inspector
 from inspector.errors import InspectorError
 from inspector.exporting.fp8 import FP8_MODES
-from inspector.exporting.plan import DEFAULT_SHARD_SIZE, EXPORT_FORMATS
+from inspector.exporting.plan import ARCHITECTURE_NAMES, DEFAULT_SHARD_SIZE, EXPORT_FORMATS
+from inspector.keys.generations import GENERATIONS
 from inspector.keys.spellings import VIEWS
 from inspector.ui.views.text import human_bytes, shape_text, value_text
 
@@ -230,6 +231,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         nested=args.nested,
         include=args.include,
         exclude=args.exclude,
+        arch=args.arch,
+        naming=args.naming,
+        hf_config=args.hf_config,
+        hf_assets=args.hf_assets,
         max_shard_size=args.max_shard_size,
         overwrite=args.overwrite,
         verify=not args.no_verify,
@@ -392,10 +397,21 @@ def build_parser() -> argparse.ArgumentParser:
     fpr.add_argument("--tensors", action="store_true", help="also list each tensor's digest")
     fpr.set_defaults(func=cmd_fingerprint)
 
-    exp = sub.add_parser("export", help="write plain .safetensors (HF-sharded) or .pt, streaming")
+    exp = sub.add_parser(
+        "export",
+        help="write .safetensors (HF-sharded), .pt, an HF model folder or a DCP folder, streaming",
+    )
     exp.add_argument("path")
-    exp.add_argument("out", help="safetensors: a folder (or *.safetensors); pt: the file")
+    exp.add_argument(
+        "out", help="safetensors: a folder (or *.safetensors); pt: the file; hf, dcp: a folder"
+    )
     exp.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0])
+    exp.add_argument("--arch", help="hf, dcp: auto (default) or " + ", ".join(ARCHITECTURE_NAMES))
+    exp.add_argument("--hf-assets", metavar="DIR", help="hf: tokenizer, config.json, ... to copy")
+    exp.add_argument("--hf-config", metavar="FILE", help="hf, dcp: the config.json to use")
+    exp.add_argument(
+        "--naming", choices=GENERATIONS, help="dcp: torchtitan (0.3, default) or torchtitan-2025"
+    )
     exp.add_argument("--dtype", help="cast floating tensors, e.g. bfloat16")
     exp.add_argument("--fp8", choices=FP8_MODES, default=FP8_MODES[0])
     exp.add_argument(

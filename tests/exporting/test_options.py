@@ -84,3 +84,19 @@ def test_nothing_to_apply(demo_dir: Path) -> None:
     with pytest.raises(InspectorError, match=r"was about .*prefixed, not this checkpoint"):
         options.use_rewrite(seed, prefixed_report)
     assert options.rename is None
+
+
+def test_hf_folder_arguments() -> None:
+    options = ExportOptions(out="o", format="hf", hf_assets=" assets ", rename={"a": "b"})
+    assert options.target() == Path("o")
+    assert options.arguments() == {
+        "format": "hf",
+        "dtype": None,
+        "fp8": "dequantize",
+        "max_shard_size": "5GB",
+        "overwrite": False,
+        "verify": True,
+        "arch": "auto",
+        "hf_assets": "assets",
+    }
+    assert ExportOptions(out="o", format="hf", hf_assets="").arguments()["hf_assets"] is None

@@ -268,3 +268,24 @@ def test_export_pt_and_bad_settings(fp8_app: Inspector, tmp_path: Path) -> None:
     export.wait()
     saved = torch.load(tmp_path / "pt" / "model.pt", weights_only=True)
     assert "train_state.step" in saved and torch.equal(saved[WQ], fp8_app.ck.read(WQ))
+
+
+def test_export_hugging_face_folder_with_assets(demo_dir: Path, tmp_path: Path) -> None:
+    app = Inspector(demo_dir / "llama_hf" / "checkpoint")
+    export = app.export
+    assert export.hf_assets.layout.display == "none"
+    export.format.value = "hf"
+    assert export.format.label == "Hugging Face folder"
+    assert export.hf_assets.layout.display == "" and export.flatten.layout.display == "none"
+    assets = demo_dir / "llama_hf" / "assets"
+    export.hf_assets.value = str(assets)
+    export.out.value = str(tmp_path / "hf")
+    export.export_button.click()
+    export.wait()
+    shown = text(export.outcome)
+    assert "verified 21 tensors bit-exact" in shown and "arch llama3: all 21 model weights" in shown
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (
+        assets / "tokenizer.json"
+    ).read_bytes()
+    export.format.value = "safetensors"
+    assert export.hf_assets.layout.display == "none" and export.flatten.layout.display == ""

@@ -15,8 +15,9 @@ from inspector.errors import ExportError
 from inspector.exporting.hf import transforms
 from inspector.exporting.hf.config import Check, Field, Shapes, resolve
 from inspector.exporting.hf.names import abstract, slot_values, template_form
+from inspector.keys.generations import GENERATIONS, NEWEST, respell
 
-NAMINGS = {"torchtitan": "torchtitan 0.3 names", "torchtitan-2025": "torchtitan July-2025 names"}
+NAMINGS = GENERATIONS
 COMPONENTS = ("optimizer.", "lr_scheduler.", "train_state.", "dataloader.")
 LEGACY_PREFIX = "model."
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -42,23 +43,36 @@ def tensor_meta(value: Any) -> TensorMeta:
 
 @dataclass(frozen=True)
 class Rule:
-    """One weight under its HF name and its torchtitan names (``{layer}``/``{expert}`` slots).
+    """One weight under its HF name and its torchtitan 0.3 name (``{layer}``/``{expert}``
+    slots); the July-2025 name follows from :mod:`inspector.keys.generations`.
 
-    ``titan_2025`` is the July-2025 name when it differs from the 0.3 name. A rule with one
-    side None maps a key that is not written (``note`` says why). ``kind``: COPY, ROPE_Q /
-    ROPE_K (RoPE row permutation), EXPERTS (stacked on the torchtitan side, one per expert in HF).
+    A rule with one side None maps a key that is not written (``note`` says why). ``kind``:
+    COPY, ROPE_Q / ROPE_K (RoPE row permutation), EXPERTS (stacked on the torchtitan side,
+    one per expert in HF).
     """
 
     hf: str | None
     titan: str | None
-    titan_2025: str = ""
     kind: str = COPY
     note: str = ""
 
     def name(self, side: str) -> str | None:
-        if side == "hf":
-            return self.hf
-        return (self.titan_2025 or self.titan) if side == "torchtitan-2025" else self.titan
+        if side == "hf" or self.titan is None:
+            return self.hf if side == "hf" else None
+        return respell(self.titan, NEWEST, side)
+
+
+@dataclass(frozen=True)
+class Fill:
+    """A torchtitan tensor HF has no counterpart of, written by ``from_hf`` with the value
+    torchtitan initialises it to: ``make(source)`` for each HF key matching ``source``
+    (its slots fill ``titan``'s), e.g. a zero routing bias per router gate."""
+
+    titan: str
+    source: str
+    make: Callable[[torch.Tensor], torch.Tensor]
+    dtype: torch.dtype
+    note: str
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,7 @@ class Architecture:
     """A model family: its HF identity, name rules, config fields and checks.
 
     ``markers``: HF names one of whose instances must exist for ``arch="auto"`` to pick it.
+    ``fills``: torchtitan tensors written with their initial value by ``from_hf``.
     """
 
     name: str
@@ -114,6 +129,7 @@ class Architecture:
     fields: tuple[Field, ...]
     checks: tuple[Check, ...] = ()
     markers: tuple[str, ...] = ()
+    fills: tuple[Fill, ...] = ()
 
     def match(self, key: str, side: str) -> tuple[Rule, dict[str, int]] | None:
         """The rule whose ``side`` name (``"hf"`` or a naming) matches ``key``, with its slots."""
@@ -297,7 +313,25 @@ def plan_from_hf(
     if tie and LM_HEAD not in metas:
         head = arch.rule_for(LM_HEAD, "hf")[0].name(naming) or LM_HEAD
         outputs.append(Output(head, EMBED, transforms.copy, *metas[EMBED]))
+    for fill in arch.fills:
+        found = filled(fill, metas, naming)
+        outputs += found
+        if found:
+            notes.append(f"wrote {respell(fill.titan, NEWEST, naming)} x{len(found)}: {fill.note}")
     return Plan(arch.name, "from_hf", naming, tuple(outputs), left_out, cfg, tuple(notes))
+
+
+def filled(fill: Fill, metas: Mapping[str, TensorMeta], naming: str) -> list[Output]:
+    """The outputs of ``fill``: one per HF key matching its source."""
+    form, slots = template_form(fill.source)
+    target = respell(fill.titan, NEWEST, naming)
+    found = []
+    for key, meta in metas.items():
+        if abstract(key) == form:
+            shape = tuple(fill.make(torch.empty(meta.shape, device="meta")).shape)
+            name = target.format(**slot_values(key, slots))
+            found.append(Output(name, key, fill.make, shape, fill.dtype))
+    return found
 
 
 def tied(cfg: dict, *, has_head: bool) -> bool:

@@ -10,19 +10,19 @@ HF_LAYER = "model.layers.{layer}."
 TT_LAYER = "layers.{layer}."
 
 
-def layer(hf: str, titan: str, titan_2025: str = "", kind: str = COPY) -> Rule:
-    """A rule for a weight inside decoder layer ``{layer}``."""
-    return Rule(HF_LAYER + hf, TT_LAYER + titan, TT_LAYER + titan_2025 if titan_2025 else "", kind)
+def layer(hf: str, titan: str, kind: str = COPY) -> Rule:
+    """A rule for a weight inside decoder layer ``{layer}`` (torchtitan 0.3 name)."""
+    return Rule(HF_LAYER + hf, TT_LAYER + titan, kind)
 
 
 def attention(*, rope_permute: bool) -> tuple[Rule, ...]:
     """q/k/v/o projections; ``rope_permute``: torchtitan's RoPE pairs rows differently."""
     q, k = (ROPE_Q, ROPE_K) if rope_permute else (COPY, COPY)
-    qkv = "attention.qkv_linear."  # torchtitan 0.3's QKVLinear; July 2025: directly on attention
+    qkv = "attention.qkv_linear."  # torchtitan 0.3's QKVLinear
     return (
-        layer("self_attn.q_proj.weight", qkv + "wq.weight", "attention.wq.weight", q),
-        layer("self_attn.k_proj.weight", qkv + "wk.weight", "attention.wk.weight", k),
-        layer("self_attn.v_proj.weight", qkv + "wv.weight", "attention.wv.weight"),
+        layer("self_attn.q_proj.weight", qkv + "wq.weight", q),
+        layer("self_attn.k_proj.weight", qkv + "wk.weight", k),
+        layer("self_attn.v_proj.weight", qkv + "wv.weight"),
         layer("self_attn.o_proj.weight", "attention.wo.weight"),
         Rule(HF_LAYER + "self_attn.rotary_emb.inv_freq", None, note="RoPE cache, recomputed"),
     )
@@ -44,7 +44,7 @@ NORMS_AND_ENDS = (
     layer("post_attention_layernorm.weight", "ffn_norm.weight"),
     Rule("model.embed_tokens.weight", "tok_embeddings.weight"),
     Rule("model.norm.weight", "norm.weight"),
-    Rule("lm_head.weight", "lm_head.weight", "output.weight"),
+    Rule("lm_head.weight", "lm_head.weight"),
 )
 
 FIELDS = (

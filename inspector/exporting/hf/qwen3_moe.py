@@ -5,8 +5,10 @@ orientation); HF keeps one tensor per expert. torchtitan's load-balancing buffer
 HF counterpart and are left out (HF Qwen3-MoE routes without a bias).
 """
 
-from inspector.exporting.hf import decoder
-from inspector.exporting.hf.base import EXPERTS, Architecture, Rule
+import torch
+
+from inspector.exporting.hf import decoder, transforms
+from inspector.exporting.hf.base import EXPERTS, Architecture, Fill, Rule
 from inspector.exporting.hf.config import Field, attention, sparse_layers
 from inspector.exporting.hf.decoder import layer
 from inspector.exporting.hf.qwen3 import HEAD_DIM, QK_NORM
@@ -33,22 +35,12 @@ ARCH = Architecture(
         *decoder.attention(rope_permute=False),
         *decoder.QK_NORM,
         *decoder.DENSE_MLP,
-        layer(EXPERT + "gate_proj.weight", INNER + "w1_EFD", "moe.experts.w1", EXPERTS),
-        layer(EXPERT + "up_proj.weight", INNER + "w3_EFD", "moe.experts.w3", EXPERTS),
-        layer(EXPERT + "down_proj.weight", INNER + "w2_EDF", "moe.experts.w2", EXPERTS),
+        layer(EXPERT + "gate_proj.weight", INNER + "w1_EFD", EXPERTS),
+        layer(EXPERT + "up_proj.weight", INNER + "w3_EFD", EXPERTS),
+        layer(EXPERT + "down_proj.weight", INNER + "w2_EDF", EXPERTS),
         layer("mlp.gate.weight", "moe.router.gate.weight"),
-        Rule(
-            None,
-            "layers.{layer}.moe.expert_bias_E",
-            "layers.{layer}.moe.expert_bias",
-            note=BIAS_NOTE,
-        ),
-        Rule(
-            None,
-            "layers.{layer}.moe.tokens_per_expert_E",
-            "layers.{layer}.moe.tokens_per_expert",
-            note=BIAS_NOTE,
-        ),
+        Rule(None, "layers.{layer}.moe.expert_bias_E", note=BIAS_NOTE),
+        Rule(None, "layers.{layer}.moe.tokens_per_expert_E", note=BIAS_NOTE),
         *decoder.NORMS_AND_ENDS,
     ),
     fields=(
@@ -72,4 +64,15 @@ ARCH = Architecture(
         sparse_layers(decoder.HF_LAYER + EXPERT + "gate_proj.weight", NUM_EXPERTS),
     ),
     markers=(QK_NORM, GATE),
+    # torchtitan's MoE registers expert_bias (persistent) when load balancing is on, its
+    # default: DCP's strict loader needs the key. Zeros route exactly as HF's no bias does.
+    fills=(
+        Fill(
+            "layers.{layer}.moe.expert_bias_E",
+            GATE,
+            transforms.zeros_per_row,
+            torch.float32,
+            "torchtitan's initial load-balancing bias (zeros), which routes as HF does",
+        ),
+    ),
 )

@@ -94,7 +94,9 @@ def to_hf(tensors: Mapping[str, Any], config: Mapping | None, arch: str = "auto"
     if found and found.naming == "hf":
         raise ExportError(f"these keys already have HF names ({found.reason})")
     plan = chosen.to_hf(tensors, config)
-    return dataclasses.replace(plan, reason=found.reason if found else f"arch={arch!r} given")
+    return dataclasses.replace(
+        plan, reason=found.reason if found else f"{arch}: given as arch={arch!r}"
+    )
 
 
 def from_hf(
@@ -109,7 +111,9 @@ def from_hf(
     if found and found.naming != "hf":
         raise ExportError(f"these keys are not HF names ({found.reason})")
     plan = chosen.from_hf(tensors, config, naming)
-    return dataclasses.replace(plan, reason=found.reason if found else f"arch={arch!r} given")
+    return dataclasses.replace(
+        plan, reason=found.reason if found else f"{arch}: given as arch={arch!r}"
+    )
 
 
 def _fit(arch: Architecture, naming: str, keys: dict[str, str]) -> _Fit:

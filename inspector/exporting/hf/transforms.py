@@ -37,3 +37,26 @@ def expert(t: torch.Tensor, index: int) -> torch.Tensor:
 def expert_piece(t: torch.Tensor) -> torch.Tensor:
     """One HF expert as a ``[1, ...]`` slice of torchtitan's stacked tensor."""
     return t.unsqueeze(0)
+
+
+def zeros_per_row(t: torch.Tensor) -> torch.Tensor:
+    """float32 zeros, one per row of ``t`` (torchtitan's initial ``expert_bias``, one per
+    expert of a router gate [experts, dim])."""
+    return torch.zeros(t.shape[0], dtype=torch.float32, device=t.device)
+
+
+def describe(transform: object) -> str | None:
+    """What a plan's transform does, in words (None for a plain copy)."""
+    function = getattr(transform, "func", transform)
+    arguments = getattr(transform, "keywords", {})
+    if function is rope_to_hf:
+        return f"RoPE rows: torchtitan's interleaved pairs -> HF halves, {arguments['heads']} heads"
+    if function is rope_from_hf:
+        return f"RoPE rows: HF halves -> torchtitan's interleaved pairs, {arguments['heads']} heads"
+    if function is expert:
+        return f"expert {arguments['index']} of the stack"
+    if function is expert_piece:
+        return "one expert of torchtitan's stack"
+    if function is zeros_per_row:
+        return "zeros, one per row: torchtitan's initial value (HF has no such tensor)"
+    return None

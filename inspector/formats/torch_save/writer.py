@@ -34,6 +34,16 @@ from inspector.storage.copy import write_all
 
 def write_torch_save(path: Path, structure: Any, progress: Callable[[Item], None]) -> None:
     """A torch.save archive of ``structure`` (nested dicts/lists; Item leaves become tensors)."""
+    with open(path, "w+b", buffering=0) as f:
+        append_archive(f, structure, progress)
+        os.fsync(f.fileno())
+
+
+def append_archive(f: BinaryIO, structure: Any, progress: Callable[[Item], None]) -> int:
+    """Write a torch.save archive of ``structure`` at the end of ``f`` (opened ``w+b``,
+    unbuffered): the archive's offsets count from its own start, as when torch.save writes
+    into a stream (DCP's ``.distcp`` files are such archives back to back). Returns its length.
+    """
     items = list(_items_in(structure))
     storages = [_Storage(str(i), item.dtype, math.prod(item.shape)) for i, item in enumerate(items)]
     by_id = {id(item): storage for item, storage in zip(items, storages, strict=True)}
@@ -41,27 +51,27 @@ def write_torch_save(path: Path, structure: Any, progress: Callable[[Item], None
     _ArchivePickler(buffer, protocol=2).dump(
         _replace_leaves(structure, lambda item: _TensorReduction(item, by_id[id(item)]))
     )
-    with open(path, "w+b", buffering=0) as f:
-        sink = _Sink(f, [item for item in items if item.nbytes], progress)
-        writer = torch._C.PyTorchFileWriter(sink)  # type: ignore[call-overload]  # a file-like
-        try:
-            for item, storage in zip(items, storages, strict=True):
-                writer.write_record_metadata(f"data/{storage.key}", item.nbytes)
-            for name, data in (
-                ("data.pkl", buffer.getvalue()),
-                (".format_version", b"1"),
-                (".storage_alignment", b"64"),
-                ("byteorder", sys.byteorder.encode()),
-            ):
-                writer.write_record(name, data, len(data))
-            writer.write_end_of_file()
-        finally:
-            del writer  # an unfinished writer finishes the archive here, into the sink
-        if sink.error is not None:
-            raise sink.error
-        filled = zip(sink.items, sink.crcs, strict=True)
-        _set_crcs(f, {f"data/{by_id[id(item)].key}": crc for item, crc in filled})
-        os.fsync(f.fileno())
+    start = f.seek(0, os.SEEK_END)
+    sink = _Sink(f, [item for item in items if item.nbytes], progress)
+    writer = torch._C.PyTorchFileWriter(sink)  # type: ignore[call-overload]  # a file-like
+    try:
+        for item, storage in zip(items, storages, strict=True):
+            writer.write_record_metadata(f"data/{storage.key}", item.nbytes)
+        for name, data in (
+            ("data.pkl", buffer.getvalue()),
+            (".format_version", b"1"),
+            (".storage_alignment", b"64"),
+            ("byteorder", sys.byteorder.encode()),
+        ):
+            writer.write_record(name, data, len(data))
+        writer.write_end_of_file()
+    finally:
+        del writer  # an unfinished writer finishes the archive here, into the sink
+    if sink.error is not None:
+        raise sink.error
+    filled = zip(sink.items, sink.crcs, strict=True)
+    _set_crcs(f, {f"data/{by_id[id(item)].key}": crc for item, crc in filled})
+    return f.seek(0, os.SEEK_END) - start
 
 
 class _Sink:
@@ -111,7 +121,8 @@ class _Sink:
 
 def _set_crcs(f: BinaryIO, crcs: dict[str, int]) -> None:
     """Store each filled record's CRC-32 (by record name below the archive's top folder) in
-    its local header and central-directory entry."""
+    its local header and central-directory entry (of the archive that ends ``f``: zipfile
+    adds the bytes in front of it to its offsets)."""
     archive = zipfile.ZipFile(f)
     central = archive.start_dir
     crcs = {

@@ -13,7 +13,7 @@ from inspector.analysis.fqn import KeyReport
 from inspector.checkpoint import Checkpoint
 from inspector.exporting.fp8 import FP8_MODE_HELP
 from inspector.exporting.options import ExportOptions, default_out
-from inspector.exporting.plan import CAST_DTYPES, DEFAULT_SHARD_SIZE, EXPORT_FORMATS
+from inspector.exporting.plan import CAST_DTYPES, DEFAULT_SHARD_SIZE
 from inspector.exporting.run import ExportResult, Progress
 from inspector.ui.views.text import human_bytes
 from inspector.ui.widgets.errors import ErrorBox, error_html
@@ -22,6 +22,7 @@ from inspector.ui.widgets.markup import badge, esc, heading, note, pre, table
 # Progress messages at most this often (seconds), so a many-tensor export does not flood.
 UPDATE_EVERY = 0.1
 _WIDE = {"description_width": "120px"}
+FORMATS = ((".safetensors", "safetensors"), (".pt", "pt"), ("Hugging Face folder", "hf"))
 
 
 def result_html(result: ExportResult) -> str:
@@ -50,9 +51,11 @@ class ExportPanel(w.VBox):
         self.options = ExportOptions(out=str(default_out(ck)))
         self.thread: threading.Thread | None = None
         self.result: ExportResult | None = None
-        self.format = w.ToggleButtons(
-            options=[(f".{name}", name) for name in EXPORT_FORMATS],
-            description="Format",
+        self.format = w.ToggleButtons(options=FORMATS, description="Format", style=_WIDE)
+        self.hf_assets = w.Text(
+            description="HF assets",
+            placeholder="folder with config.json and tokenizer files (optional)",
+            layout=w.Layout(width="560px"),
             style=_WIDE,
         )
         self.dtype = w.Dropdown(
@@ -93,10 +96,13 @@ class ExportPanel(w.VBox):
         self.export_button.add_class("inspector-export")
         self.clear_rename_button.on_click(errors.guard("Clearing the rename")(self._clear_rename))
         self.export_button.on_click(errors.guard("Starting the export")(lambda _: self.start()))
+        self.format.observe(lambda _: self._show_format_fields(), names="value")
         self._show_rename()
+        self._show_format_fields()
         super().__init__(
             [
                 self.format,
+                self.hf_assets,
                 self.dtype,
                 self.fp8,
                 self.flatten,
@@ -127,6 +133,13 @@ class ExportPanel(w.VBox):
         self.rename.value = text
         self.clear_rename_button.layout.display = "" if source else "none"
 
+    def _show_format_fields(self) -> None:
+        """The assets folder for an HF folder; the key options only where they apply."""
+        hf = self.format.value == "hf"
+        self.hf_assets.layout.display = "" if hf else "none"
+        for field in (self.flatten, self.model_only):
+            field.layout.display = "none" if hf else ""
+
     def _read_form(self) -> ExportOptions:
         options = self.options
         options.format, options.dtype, options.fp8 = (
@@ -137,6 +150,7 @@ class ExportPanel(w.VBox):
         options.model_only, options.flatten = self.model_only.value, self.flatten.value
         options.max_shard_size, options.out = self.max_shard_size.value, self.out.value
         options.overwrite = self.overwrite.value
+        options.hf_assets = self.hf_assets.value
         options.arguments()
         return options
 

@@ -1,0 +1,131 @@
+"""``export(..., format="dcp")``: a torchtitan DCP folder from Hugging Face weights.
+
+The reverse of :mod:`.hf_folder`: the adapter plans torchtitan names (of the chosen naming
+generation, flat model keys as torchtitan saves them since July 2025) with the inverse
+transforms; each HF expert becomes one chunk of torchtitan's stacked tensor, so no stack is
+ever assembled in memory. torch's DCP loader and torchtitan's ``initial_load_path`` read
+the result; it is re-read and compared chunk by chunk before the export returns.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from inspector.exporting.model_weights import HfConfig, ModelWeights, load_config, refuse_overlap
+from inspector.exporting.run import ExportResult, Meter, Progress, refuse_inside_source
+from inspector.exporting.verify import Verification
+from inspector.formats.base import bytes_view
+from inspector.formats.dcp.writer import Chunk, write_dcp
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from inspector.checkpoint import Checkpoint
+
+
+def export_dcp(
+    ck: Checkpoint,
+    out: Path,
+    *,
+    arch: str,
+    naming: str,
+    hf_config: HfConfig,
+    hf_assets: str | os.PathLike | None,
+    dtype: str | None,
+    fp8: str,
+    overwrite: bool,
+    verify: bool,
+    progress: bool,
+    on_progress: Callable[[Progress], None] | None,
+) -> ExportResult:
+    """Write ``ck``'s HF-named weights as a torchtitan DCP folder ``out``."""
+    from inspector.exporting import hf
+
+    started = time.perf_counter()
+    refuse_inside_source(ck, out)
+    refuse_overlap(out, {"hf_assets": hf_assets})
+    weights = ModelWeights(ck, fp8, dtype)
+    source_folder = ck.path if ck.path.is_dir() else ck.path.parent
+    config = load_config(hf_config, hf_assets, source_folder)
+    found = hf.from_hf(weights.metas(), config, arch, naming)
+    chunks = [
+        Chunk(o.name, weights.item(o), o.offsets or (0,) * len(o.shape), o.full_shape or o.shape)
+        for o in found.outputs
+    ]
+    total = sum(c.item.nbytes for c in chunks)
+    meter = Meter(total, progress, on_progress)
+    try:
+        files = write_dcp(out, chunks, meter, overwrite)
+    finally:
+        meter.close()
+        weights.release()
+    verification = None
+    if verify:
+        checker = Meter(total, progress, on_progress, "verify")
+        try:
+            verification = _verify(out, chunks, checker)
+        finally:
+            checker.close()
+            weights.release()
+    skipped = {weights.stored(k): why for k, why in found.left_out.items()} | weights.skipped
+    conversions: dict[str, str] = {}
+    names: dict[str, str] = {}
+    for output, chunk in zip(found.outputs, chunks, strict=True):
+        names.setdefault(weights.stored(output.source), output.name)  # not a fill made from it
+        text = weights.conversion(output)
+        if text:
+            at = f" at {list(chunk.offsets)}" if chunk.item.shape != chunk.shape else ""
+            conversions[f"{output.name}{at}"] = text
+    return ExportResult(
+        format="dcp",
+        files=files,
+        index=None,
+        tensors=len({c.fqn for c in chunks}),
+        objects=0,
+        bytes=total,
+        skipped=skipped,
+        conversions=conversions,
+        names=names,
+        seconds=time.perf_counter() - started,
+        verification=verification,
+        arch=found.arch,
+        reason=f"{found.reason}; written in {hf.NAMINGS[naming]}",
+        notes=found.notes,
+    )
+
+
+def _verify(out: Path, chunks: list[Chunk], progress: Meter) -> Verification:
+    """Re-open ``out`` and compare every stored chunk's bytes with a fresh production."""
+    from inspector.checkpoint import open as open_checkpoint
+
+    started = time.perf_counter()
+    written = open_checkpoint(out)
+    by_fqn: dict[str, dict[tuple[int, ...], Chunk]] = {}
+    for chunk in chunks:
+        by_fqn.setdefault(chunk.fqn, {})[chunk.offsets] = chunk
+    mismatched = []
+    for fqn, ours in by_fqn.items():
+        if not _same_tensor(written, fqn, ours, progress):
+            mismatched.append(fqn)
+    return Verification(len(by_fqn), tuple(mismatched), time.perf_counter() - started)
+
+
+def _same_tensor(written: Checkpoint, fqn: str, ours: dict, progress: Meter) -> bool:
+    some = next(iter(ours.values()))
+    if fqn not in written:
+        return False
+    entry = written.entry(fqn)
+    if (entry.dtype, entry.shape, len(entry.chunks)) != (some.item.dtype, some.shape, len(ours)):
+        return False
+    for info, stored in written.iter_chunks(fqn):
+        chunk = ours.get(tuple(info.offsets))
+        if chunk is None or tuple(info.sizes) != chunk.item.shape:
+            return False
+        fresh = chunk.item.produce().contiguous()
+        if bytes_view(stored.contiguous()) != bytes_view(fresh):
+            return False
+        progress(chunk.item)
+    return True

@@ -1,0 +1,173 @@
+"""``export(..., format="hf")``: a Hugging Face model folder from a torchtitan checkpoint.
+
+The architecture adapter (:mod:`.hf`) plans every HF tensor from one source weight; each is
+read (FP8 handling first), transformed, optionally cast and written into sharded
+safetensors one at a time, next to ``config.json`` (checked against the weights) and the
+asset files of ``hf_assets`` copied byte for byte. Everything appears under its final name
+only when all of it was written, then the shards are re-read and compared.
+
+A tied head (torchtitan saves both ``lm_head`` and the embedding) is left out only after
+it was compared with the embedding: one that differs is refused (the config says tied,
+the weights say otherwise), with the advice to pass ``tie_word_embeddings=False``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from inspector import dtypes
+from inspector.exporting import plan as planning
+from inspector.exporting import verify as checking
+from inspector.exporting.model_weights import (
+    CONFIG_NAME,
+    HfConfig,
+    ModelWeights,
+    asset_files,
+    compare_tied,
+    load_config,
+    refuse_overlap,
+)
+from inspector.exporting.plan import INDEX_NAME, Planned
+from inspector.exporting.run import ExportResult, Meter, Progress, refuse_inside_source
+from inspector.formats.safetensors import safetensors_dtype, write_safetensors
+from inspector.formats.writing import Item
+from inspector.storage.local import AtomicFiles, atomic_files, new_folder
+from inspector.version import __version__
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from inspector.checkpoint import Checkpoint
+
+
+def export_hf(
+    ck: Checkpoint,
+    out: Path,
+    *,
+    arch: str,
+    hf_config: HfConfig,
+    hf_assets: str | os.PathLike | None,
+    dtype: str | None,
+    fp8: str,
+    max_shard_size: int | str,
+    overwrite: bool,
+    verify: bool,
+    progress: bool,
+    on_progress: Callable[[Progress], None] | None,
+) -> ExportResult:
+    """Write ``ck``'s model as an HF folder ``out`` (see :func:`inspector.export`)."""
+    from inspector.exporting import hf
+
+    started = time.perf_counter()
+    refuse_inside_source(ck, out)
+    refuse_overlap(out, {"hf_assets": hf_assets})
+    limit = planning.parse_size(max_shard_size)
+    weights = ModelWeights(ck, fp8, dtype)
+    found = hf.to_hf(weights.metas(), load_config(hf_config, hf_assets), arch)
+    compare_tied(weights, found.must_equal)
+    assets = asset_files(hf_assets)
+    planned = [
+        Planned(weights.item(o), weights.stored(o.source), (o.name,), weights.conversion(o))
+        for o in found.outputs
+    ]
+    items = [p.item for p in planned]
+    for item in items:
+        safetensors_dtype(item.dtype, item.name)
+    config = with_dtype(found.config, items)
+    meter = Meter(sum(i.nbytes for i in items), progress, on_progress)
+    try:
+        with new_folder(out), atomic_files(out, overwrite) as files:
+            index = _write_shards(files, out, items, limit, _metadata(ck, found.arch), meter)
+            files.temp_for(out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+            for asset in assets:
+                shutil.copyfile(asset, files.temp_for(out / asset.name))
+            written = files.commit()
+    finally:
+        meter.close()
+        weights.release()
+    verification = None
+    if verify:
+        checker = Meter(sum(i.nbytes for i in items), progress, on_progress, "verify")
+        try:
+            target = index or out / planning.shard_names(1)[0]
+            verification = checking.verify(target, planned, False, checker)
+        finally:
+            checker.close()
+            weights.release()
+    skipped = {weights.stored(k): why for k, why in found.left_out.items()} | weights.skipped
+    return ExportResult(
+        format="hf",
+        files=[p for p in written if p != index],
+        index=index,
+        tensors=len(items),
+        objects=0,
+        bytes=sum(i.nbytes for i in items),
+        skipped=skipped,
+        conversions={p.item.name: p.conversion for p in planned if p.conversion},
+        names=_names(planned),
+        seconds=time.perf_counter() - started,
+        verification=verification,
+        arch=found.arch,
+        reason=found.reason,
+        notes=found.notes,
+    )
+
+
+def with_dtype(config: dict, items: list[Item]) -> dict:
+    """The config with its dtype (``torch_dtype``, and ``dtype`` as transformers 5 spells it,
+    where present) set to the dtype most of the written bytes have."""
+    by_bytes: Counter[str] = Counter()
+    for item in items:
+        if dtypes.is_floating(item.dtype):
+            by_bytes[item.dtype] += item.nbytes
+    if not by_bytes:
+        return config
+    dtype = by_bytes.most_common(1)[0][0]
+    keys = [k for k in ("torch_dtype", "dtype") if k in config] or ["torch_dtype"]
+    return config | dict.fromkeys(keys, dtype)
+
+
+def _write_shards(
+    files: AtomicFiles,
+    out: Path,
+    items: list[Item],
+    limit: int,
+    metadata: dict[str, str],
+    meter: Meter,
+) -> Path | None:
+    """``model.safetensors``, or shards plus the index (returned) when past ``limit``."""
+    shards = planning.plan_shards(items, limit)
+    names = planning.shard_names(len(shards))
+    for name, shard in zip(names, shards, strict=True):
+        write_safetensors(files.temp_for(out / name), shard, metadata, meter)
+    if len(shards) == 1:
+        return None
+    index = out / INDEX_NAME
+    weight_map = {i.name: name for name, shard in zip(names, shards, strict=True) for i in shard}
+    body = {"metadata": {"total_size": sum(i.nbytes for i in items)}, "weight_map": weight_map}
+    files.temp_for(index).write_text(json.dumps(body, indent=2) + "\n")
+    return index
+
+
+def _metadata(ck: Checkpoint, arch: str) -> dict[str, str]:
+    return {
+        "format": "pt",  # what transformers requires of a PyTorch safetensors file
+        "source": ck.location,
+        "source_format": ck.format,
+        "arch": arch,
+        "exported_by": f"checkpoint-inspector {__version__}",
+    }
+
+
+def _names(planned: list[Planned]) -> dict[str, str]:
+    """Stored key -> HF name, for the sources written under one name (not expert stacks)."""
+    by_key: dict[str, list[str]] = {}
+    for p in planned:
+        by_key.setdefault(p.entry_key, []).append(p.item.name)
+    return {key: names[0] for key, names in by_key.items() if len(names) == 1 and key != names[0]}

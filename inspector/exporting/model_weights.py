@@ -1,0 +1,212 @@
+"""A checkpoint's model weights as the architecture adapters (:mod:`.hf`) see them, for the
+``hf`` and ``dcp`` exports: keyed by model FQN (component prefix and wrapper segments such
+as ``_orig_mod.`` gone), FP8-handled (:mod:`.fp8`) before any transform, and read one
+source tensor at a time; plus the HF config and asset files those exports use."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inspector import dtypes
+from inspector.errors import ExportError, UsageError
+from inspector.exporting import plan as planning
+from inspector.exporting.fp8 import Output as Fp8Output
+from inspector.formats.base import bytes_view
+from inspector.formats.writing import Item
+from inspector.keys.spellings import WRAPPER_PREFIXES, model_fqn, strip_segments
+
+if TYPE_CHECKING:
+    import torch
+
+    from inspector.checkpoint import Checkpoint
+    from inspector.exporting import hf
+
+ADAPTED_FP8_MODES = ("dequantize", "unwrap")  # "keep" writes scales no HF model loads
+CONFIG_NAME = "config.json"
+HfConfig = Mapping[str, Any] | str | os.PathLike | None
+# Files of an assets folder that are weights (or their index), never copied as assets.
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".h5",
+    ".msgpack",
+    ".gguf",
+    ".npz",
+    ".onnx",
+    ".index.json",
+)
+
+
+class ModelWeights:
+    """The model tensors of ``ck`` under their FQNs; ``skipped``: stored key -> why left out.
+
+    :meth:`item` makes the writer's Item for one adapter output; items read their source
+    through a one-tensor cache, so outputs that share a source (the experts of a stack) and
+    come in a row read it once.
+    """
+
+    def __init__(self, ck: Checkpoint, fp8: str, dtype: str | None) -> None:
+        if fp8 not in ADAPTED_FP8_MODES:
+            raise UsageError(
+                f"fp8 must be one of {', '.join(ADAPTED_FP8_MODES)} for a model-folder export, "
+                f"not {fp8!r}"
+            )
+        self.ck, self.cast = ck, dtype
+        self.skipped: dict[str, str] = {}
+        tensors = []
+        for entry in ck.entries():
+            if entry.component != "model":
+                self.skipped[entry.key] = f"{entry.component}: not a model weight"
+            elif entry.kind != "tensor":
+                self.skipped[entry.key] = "not a tensor"
+            else:
+                tensors.append(entry.key)
+        found, consumed = planning.outputs(ck, tensors, fp8, dtype, "fail")
+        self.skipped |= consumed
+        self.outputs: dict[str, Fp8Output] = {}
+        self._keys: dict[str, str] = {}
+        for output in found:
+            fqn = strip_segments(model_fqn(ck.entry(output.name)) or output.name, WRAPPER_PREFIXES)
+            if fqn in self.outputs:
+                raise ExportError(
+                    f"{self._keys[fqn]!r} and {output.name!r} are both the model weight {fqn!r}",
+                    key=output.name,
+                )
+            self.outputs[fqn], self._keys[fqn] = output, output.name
+        self._held: tuple[str, torch.Tensor] | None = None
+
+    def metas(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """FQN -> (shape, dtype) as FP8 handling produces them: what the adapters plan from."""
+        return {
+            fqn: (tuple(o.shape or ()), dtypes.to_torch(o.dtype or "float32"))
+            for fqn, o in self.outputs.items()
+        }
+
+    def read(self, fqn: str) -> torch.Tensor:
+        """The weight, FP8-handled; the last one read is kept until another is asked for."""
+        if self._held is None or self._held[0] != fqn:
+            self._held = None  # let it go before the next one is read
+            self._held = (fqn, self.outputs[fqn].read())
+        return self._held[1]
+
+    def release(self) -> None:
+        """Drop the tensor the cache holds (after writing, after verifying)."""
+        self._held = None
+
+    def stored(self, fqn: str) -> str:
+        """The stored key of the weight ``fqn``."""
+        return self._keys[fqn]
+
+    def cast_to(self, output: hf.Output) -> str | None:
+        """The dtype ``output`` is cast to (only high-precision values are), or None."""
+        stored = dtypes.name_of(output.dtype)
+        if self.cast and self.cast != stored and stored in dtypes.HIGH_PRECISION:
+            return self.cast
+        return None
+
+    def item(self, output: hf.Output) -> Item:
+        """The Item writing ``output``: stored bytes copied as they are where nothing changes."""
+        from inspector.exporting.hf import transforms
+
+        cast = self.cast_to(output)
+        dtype = cast or dtypes.name_of(output.dtype)
+        produce = functools.partial(_produce, self, output, cast)
+        fp8 = self.outputs[output.source]
+        plain = output.transform is transforms.copy and fp8.conversion is None and not cast
+        key = self._keys[output.source]
+        ranges = functools.partial(self.ck.byte_ranges, key) if plain and fp8.name == key else None
+        return Item(output.name, dtype, output.shape, produce, ranges)
+
+    def conversion(self, output: hf.Output) -> str | None:
+        """How ``output`` is made from its stored source, in words (None: a plain copy)."""
+        from inspector.exporting.hf import transforms
+
+        cast = self.cast_to(output)
+        parts = [
+            self.outputs[output.source].conversion,
+            transforms.describe(output.transform),
+            f"cast to {cast}" if cast else None,
+        ]
+        text = "; ".join(p for p in parts if p)
+        return f"{self._keys[output.source]}: {text}" if text else None
+
+
+def _produce(weights: ModelWeights, output: hf.Output, cast: str | None) -> torch.Tensor:
+    value = output.transform(weights.read(output.source))
+    return value.to(dtypes.to_torch(cast)) if cast else value
+
+
+def compare_tied(weights: ModelWeights, pairs: tuple[tuple[str, str], ...]) -> None:
+    """Refuse to leave out a tied head whose weights differ from the embedding's."""
+    for head, embedding in pairs:
+        a, b = (weights.outputs[k].read().contiguous() for k in (head, embedding))
+        same = a.shape == b.shape and a.dtype == b.dtype and bytes_view(a) == bytes_view(b)
+        if not same:  # bytes, so a NaN equals itself
+            raise ExportError(
+                f"hf_config tie_word_embeddings is true, but {weights.stored(head)!r} differs "
+                f"from {weights.stored(embedding)!r}, which HF would use in its place: pass "
+                "tie_word_embeddings=False in hf_config to keep the head",
+                key=weights.stored(head),
+            )
+
+
+def load_config(
+    hf_config: HfConfig, hf_assets: str | os.PathLike | None, source: Path | None = None
+) -> dict | None:
+    """``hf_config`` (a dict, or a config.json path or its folder), else the config.json of
+    ``hf_assets``, else the source folder's; None when there is none."""
+    if hf_assets is not None and not Path(hf_assets).expanduser().is_dir():
+        raise ExportError("hf_assets is not a folder", file=hf_assets)
+    if isinstance(hf_config, Mapping):
+        return dict(hf_config)
+    if hf_config is not None:
+        path = Path(hf_config).expanduser()
+        return _read_config(path / CONFIG_NAME if path.is_dir() else path, "hf_config")
+    for folder in (hf_assets, source):
+        if folder is not None and (Path(folder).expanduser() / CONFIG_NAME).is_file():
+            return _read_config(Path(folder).expanduser() / CONFIG_NAME, "the config")
+    return None
+
+
+def _read_config(path: Path, argument: str) -> dict:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ExportError(f"cannot read {argument} ({exc})", file=path) from None
+    if not isinstance(config, dict):
+        raise ExportError(f"{argument} is not a JSON object", file=path)
+    return config
+
+
+def asset_files(folder: str | os.PathLike | None) -> list[Path]:
+    """The files of ``hf_assets`` an HF folder takes along as they are (tokenizer, generation
+    config, chat template, README, ...): every top-level file except weights, their index,
+    config.json (written from the checked config) and hidden files (checked to be a folder
+    by :func:`load_config`)."""
+    if folder is None:
+        return []
+    root = Path(folder).expanduser()
+    return sorted(
+        p
+        for p in root.iterdir()
+        if p.is_file()
+        and p.name != CONFIG_NAME
+        and not p.name.startswith(".")
+        and not p.name.endswith(WEIGHT_SUFFIXES)
+    )
+
+
+def refuse_overlap(out: Path, folders: Mapping[str, str | os.PathLike | None]) -> None:
+    """Never write into a folder the export reads from (``hf_assets``, say)."""
+    target = out.resolve()
+    for argument, folder in folders.items():
+        if folder is not None and Path(folder).expanduser().resolve() == target:
+            raise ExportError(f"output would be written into {argument}", file=out)

@@ -11,7 +11,7 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +25,7 @@ from inspector.exporting.verify import Verification
 from inspector.formats.safetensors import safetensors_dtype, write_safetensors
 from inspector.formats.writing import Item
 from inspector.storage.local import atomic_files
+from inspector.storage.remote import is_url
 from inspector.version import __version__
 
 if TYPE_CHECKING:
@@ -45,11 +46,12 @@ class Progress:
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What an export wrote, what it left out and why, and how it checked the result."""
+    """What an export wrote, what it left out and why, and how it checked the result.
+    ``files`` and ``index`` are paths, or URLs (str) for a remote target."""
 
     format: str
-    files: list[Path]
-    index: Path | None
+    files: list[Path] | list[str]
+    index: Path | str | None
     tensors: int
     objects: int
     bytes: int
@@ -100,6 +102,8 @@ def export(
     on_error: str = "fail",
     progress: bool = True,
     on_progress: Callable[[Progress], None] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    target_options: Mapping[str, Any] | None = None,
 ) -> ExportResult:
     """Write the checkpoint's tensors (model only by default) as safetensors or ``.pt``.
 
@@ -112,7 +116,10 @@ def export(
     :mod:`inspector.exporting.fp8`). ``flatten`` drops the ``model.`` component prefix
     (decided from the stored nesting, not the spelling). ``rename``: exact stored keys
     (e.g. a KeyReport's ``mapping()``) then regex -> replacement, or a callable.
-    ``on_error``: "fail" or "skip" entries that cannot be read.
+    ``on_error``: "fail" or "skip" entries that cannot be read. ``out`` may be an s3://,
+    gs:// or hf:// URL: the export is written and checked in a local temporary folder, then
+    uploaded (the index or single file last). ``storage_options``: fsspec options for a URL
+    ``ck_or_path``; ``target_options`` for a URL ``out`` (default: ``storage_options``).
     """
     from inspector.checkpoint import as_checkpoint
 
@@ -122,7 +129,20 @@ def export(
         raise ExportError("nested=True writes the stored nesting of a .pt; rename does not apply")
     cast = dtypes.optional_name(dtype)
     started = time.perf_counter()
-    ck = as_checkpoint(ck_or_path)
+    ck = as_checkpoint(ck_or_path, storage_options)
+    if is_url(out):
+        from inspector.exporting.remote_target import export_to_url
+
+        def write_locally(local: Path) -> ExportResult:
+            return export(
+                ck, local, format, dtype=dtype, fp8=fp8, model_only=model_only,
+                flatten=flatten, nested=nested, include=include, exclude=exclude,
+                rename=rename, max_shard_size=max_shard_size, overwrite=True, verify=verify,
+                on_error=on_error, progress=progress, on_progress=on_progress,
+            )
+
+        options = storage_options if target_options is None else target_options
+        return export_to_url(ck, str(out), options, overwrite, write_locally)
     out = Path(out).expanduser()
     _refuse_inside_source(ck, out)
     selected, skipped = plan.select(ck, model_only, include, exclude, on_error, format != "pt")
@@ -172,6 +192,8 @@ def export(
 
 def _refuse_inside_source(ck: Checkpoint, out: Path) -> None:
     """Never write into a checkpoint folder, nor over a file the checkpoint is made of."""
+    if not ck.is_local:
+        return  # a local output cannot land inside a remote checkpoint
     source, target = Path(ck.path).resolve(), out.resolve()
     if source.is_dir() and (target == source or source in target.parents):
         raise ExportError("output would be written inside the source checkpoint", file=out)

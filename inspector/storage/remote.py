@@ -233,6 +233,10 @@ class RemoteStorage:
 
     def _list(self, name: str) -> dict[str, tuple[Kind, int | None]]:
         path, label = self._path(name), self.describe(name)
+        if self._is_http and self._query:
+            # fsspec matches an index page's links against the URL, query and all
+            raise StorageAccessError("a folder URL with a query string cannot be listed "
+                                     "(a DCP folder needs no listing)", file=label)
         listed = self._call(lambda fs: fs.ls(path, detail=True), label, "listing it")
         prefix = path.split("?", 1)[0].rstrip("/") + "/"
         children: dict[str, tuple[Kind, int | None]] = {}

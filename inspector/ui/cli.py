@@ -16,6 +16,7 @@ from inspector.errors import InspectorError
 from inspector.exporting.fp8 import FP8_MODES
 from inspector.exporting.plan import DEFAULT_SHARD_SIZE, EXPORT_FORMATS
 from inspector.keys.spellings import VIEWS
+from inspector.storage.remote import display_url, is_url
 from inspector.ui.views.text import human_bytes, shape_text, value_text
 
 CHECK_HELP = """\
@@ -43,7 +44,7 @@ def _print_table(rows: list[list[str]], header: list[str]) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    ck = inspector.open(args.path)
+    ck = inspector.open(args.path, args.storage_options)
     if not args.no_scan:
         ck.scan(progress=not args.json and sys.stderr.isatty())
     entries = ck.entries()
@@ -78,7 +79,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    ck = inspector.open(args.path)
+    ck = inspector.open(args.path, args.storage_options)
     entry = ck.entry(args.key)
     ck.detection(args.key)
     if entry.kind == "object":
@@ -117,13 +118,15 @@ def cmd_diff(args: argparse.Namespace) -> int:
         rtol=args.rtol,
         key_map=None if args.key_map == "none" else "auto",
         progress=False,
+        storage_options=args.storage_options,
     )
     equal = bool(table["equal"].all())
     summary = summarize(table)
     if args.json:
         rows = json.loads(table.to_json(orient="records"))
         json.dump(
-            {"a": args.a, "b": args.b, "equal": equal, "summary": summary, "rows": rows},
+            {"a": _shown(args.a), "b": _shown(args.b), "equal": equal, "summary": summary,
+             "rows": rows},
             sys.stdout,
             indent=1,
         )
@@ -168,9 +171,50 @@ def cmd_export(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         on_error="skip" if args.skip_unreadable else "fail",
         progress=sys.stderr.isatty(),
+        storage_options=args.storage_options,
+        target_options=args.target_options,
     )
     print(result.summary())
     return 0 if result.verification is None or result.verification.ok else 1
+
+
+def _shown(path: str) -> str:
+    """A path or URL as it may be printed (a URL without credentials or query string)."""
+    return display_url(path) if is_url(path) else path
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """``key=value`` of ``--storage-option``; the value is read as JSON when it is JSON
+    (``anon=true``, ``client_kwargs={"region_name": "eu-west-1"}``), else taken as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected key=value, not {text.partition('=')[0]!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+def _options_argument(parser: argparse.ArgumentParser, flag: str, dest: str, what: str) -> None:
+    parser.add_argument(
+        flag,
+        dest=dest,
+        action=_CollectOptions,
+        type=parse_option,
+        default=None,
+        metavar="KEY=VALUE",
+        help=f"fsspec storage option for {what} (repeatable), e.g. "
+        "endpoint_url=http://127.0.0.1:9000 or anon=true",
+    )
+
+
+class _CollectOptions(argparse.Action):
+    """Repeated ``KEY=VALUE`` options into one dict (None when none is given)."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        options = dict(getattr(namespace, self.dest) or {})
+        options[value[0]] = value[1]
+        setattr(namespace, self.dest, options)
 
 
 def _missing(value: Any) -> bool:
@@ -193,7 +237,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     sys.path.insert(0, os.getcwd())  # as with `python -m`: the user's own modules import
     against = resolve_against(args.against, device=args.device)
-    report = inspector.check_keys(args.path, against, spelling=args.spelling)
+    report = inspector.check_keys(
+        args.path, against, spelling=args.spelling, storage_options=args.storage_options
+    )
     passed = report.loadable if args.ignore_dtype else report.ok
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=1)
@@ -232,7 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect PyTorch checkpoints (DCP, .pt, safetensors) safely.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    ls = sub.add_parser("ls", help="list keys with dtype, shape, chunks and size")
+    remote = argparse.ArgumentParser(add_help=False)
+    _options_argument(remote, "--storage-option", "storage_options", "s3://, gs://, hf://, "
+                      "http(s):// checkpoints")
+    ls = sub.add_parser("ls", help="list keys with dtype, shape, chunks and size", parents=[remote])
     ls.add_argument("path")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.add_argument(
@@ -241,13 +290,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip reading each chunk's pickle record (subclass / fp8 columns stay empty for DCP)",
     )
     ls.set_defaults(func=cmd_ls)
-    show = sub.add_parser("show", help="one key: summary and first values")
+    show = sub.add_parser("show", help="one key: summary and first values", parents=[remote])
     show.add_argument("path")
     show.add_argument("key")
     show.add_argument("--values", type=int, default=8, help="how many values to print")
     show.add_argument("--chunks", type=int, default=8, help="how many chunks to list")
     show.set_defaults(func=cmd_show)
-    diff = sub.add_parser("diff", help="compare two checkpoints key by key (exit 0 when equal)")
+    diff = sub.add_parser(
+        "diff", help="compare two checkpoints key by key (exit 0 when equal)", parents=[remote]
+    )
     diff.add_argument("a")
     diff.add_argument("b")
     diff.add_argument("--json", action="store_true", help="machine-readable output")
@@ -266,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="compare the checkpoint's model keys with a model or checkpoint; suggest renames",
         description=CHECK_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[remote],
     )
     check.add_argument("path")
     check.add_argument(
@@ -289,9 +341,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--limit", type=int, default=20, help="how many keys to list per group")
     check.set_defaults(func=cmd_check)
 
-    exp = sub.add_parser("export", help="write plain .safetensors (HF-sharded) or .pt, streaming")
+    exp = sub.add_parser(
+        "export", help="write plain .safetensors (HF-sharded) or .pt, streaming", parents=[remote]
+    )
     exp.add_argument("path")
-    exp.add_argument("out", help="safetensors: a folder (or *.safetensors); pt: the file")
+    exp.add_argument(
+        "out", help="safetensors: a folder (or *.safetensors); pt: the file; or an s3://, gs://, "
+        "hf:// URL"
+    )
+    _options_argument(exp, "--target-option", "target_options",
+                      "a URL output (default: the --storage-option ones)")
     exp.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0])
     exp.add_argument("--dtype", help="cast floating tensors, e.g. bfloat16")
     exp.add_argument("--fp8", choices=FP8_MODES, default=FP8_MODES[0])

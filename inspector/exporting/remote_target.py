@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ExportError, InspectorError
+from inspector.exporting.plan import INDEX_NAME
 from inspector.storage.remote import RemoteStorage, display_url
 
 if TYPE_CHECKING:
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 # A target URL ending so names one output file; any other names a folder.
 FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+# What an export into a folder may write, checked before anything is written.
+LIKELY_NAMES = ("model.safetensors", INDEX_NAME)
 
 
 def export_to_url(
@@ -38,9 +41,9 @@ def export_to_url(
 ) -> ExportResult:
     """``write_locally(path)`` into a temporary folder, then upload what it wrote to ``url``."""
     target = RemoteStorage(url.rstrip("/"), storage_options)
-    _refuse_inside_source(ck, [target.location])
     single = PurePosixPath(target.basename).suffix in FILE_SUFFIXES
     folder = target.parent() if single else target
+    _refuse_inside_source(ck, target.location, [folder.describe(n) for n in LIKELY_NAMES])
     with tempfile.TemporaryDirectory(prefix="inspector-export-") as tmp:
         local = Path(tmp) / target.basename
         result = write_locally(local)
@@ -49,7 +52,7 @@ def export_to_url(
         index = Path(result.index) if result.index is not None else None
         order = [*written, *([index] if index is not None else [])]
         names = [p.relative_to(root).as_posix() for p in order]
-        _refuse_inside_source(ck, [folder.describe(name) for name in names])
+        _refuse_inside_source(ck, target.location, [folder.describe(name) for name in names])
         if not overwrite:
             for name in names:
                 if folder.exists(name):
@@ -82,14 +85,16 @@ def _upload(
     return [folder.describe(name) for name in names]
 
 
-def _refuse_inside_source(ck: Checkpoint, targets: list[str]) -> None:
-    """Never write into the remote checkpoint being exported, nor over one of its files."""
+def _refuse_inside_source(ck: Checkpoint, target: str, objects: list[str]) -> None:
+    """Never write into a remote checkpoint folder, nor over (or beside the shards of) a
+    file the checkpoint is made of: the rules of a local export."""
     if ck.is_local:
         return
-    source = display_url(ck.location).rstrip("/")
-    files = {ck.source.storage.describe(name) for name in ck.source_files} | {source}
-    for target in targets:
-        if target in files or target.startswith(source + "/"):
-            raise ExportError(
-                "output would be written inside the source checkpoint", file=target
-            )
+    location = display_url(ck.location).rstrip("/")
+    if not ck.source.name and (target == location or target.startswith(location + "/")):
+        raise ExportError("output would be written inside the source checkpoint", file=target)
+    files = {ck.source.storage.describe(name) for name in ck.source_files} | {location}
+    shards = any(f.rsplit("/", 1) == [target, f.rsplit("/", 1)[-1]]
+                 and f.rsplit("/", 1)[-1].startswith("model-") for f in files)
+    if files & {target, *objects} or shards:
+        raise ExportError("output would overwrite a file of the source checkpoint", file=target)

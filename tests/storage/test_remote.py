@@ -50,8 +50,8 @@ def test_urls_are_recognised_and_shown_without_credentials() -> None:
     assert display_url("s3://bucket/step-10/") == "s3://bucket/step-10/"
     with pytest.raises(UsageError, match="query"):
         RemoteStorage("s3://bucket/x?versionId=1")
-    with pytest.raises(UsageError, match="URLs only"):
-        inspector.open("/no/such/dir", {"anon": True})
+    with pytest.raises(UsageError, match="not a URL"):
+        RemoteStorage("/tmp/x")
 
 
 # --- opening and reading on every backend ----------------------------------------------------

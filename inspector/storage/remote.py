@@ -17,7 +17,6 @@ user:password@ and query strings from the URL).
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import io
@@ -26,9 +25,8 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from inspector.errors import (
@@ -40,6 +38,9 @@ from inspector.errors import (
     UsageError,
 )
 from inspector.storage.base import ByteRange, IOCounter, Kind, relative_name
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 # URL scheme -> fsspec protocol.
 SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "hf": "hf", "http": "http",
@@ -501,6 +502,8 @@ class _Shared:
         return self._fs
 
     def pool(self) -> ThreadPoolExecutor:
+        from concurrent.futures import ThreadPoolExecutor
+
         self.fs  # noqa: B018 (resets the pool in a forked child)
         with self.lock:
             if self._pool is None:
@@ -616,15 +619,17 @@ class _Window(io.RawIOBase):
     def _span(self, pos: int, n: int) -> tuple[int, int]:
         """The bytes to fetch for a small read at ``pos``: the window's start or end, as
         much of it as earlier windows' parses used (the usual amount, or the least more
-        that covers this read), else just the read."""
+        that covers this read; in a big window at least 1/256 of it, up to 64 KiB: a
+        request saved costs more than those bytes), else just the read."""
         shared, length = self._storage._shared, self._length
         if shared.head and shared.tail and length <= shared.head + shared.tail + WHOLE_WINDOW_SLACK:
             return 0, length
+        floor = min(PROFILE_LIMIT, length >> 8)
         if pos < length / 2:
-            head = shared.extent(shared.heads, shared.head, pos + n)
-            return (0, min(head, length)) if head else (pos, pos + n)
-        tail = shared.extent(shared.tails, shared.tail, length - pos)
-        return (max(0, length - tail), length) if tail else (pos, pos + n)
+            head = max(shared.extent(shared.heads, shared.head, pos + n), floor)
+            return (0, min(head, length)) if head >= pos + n else (pos, pos + n)
+        tail = max(shared.extent(shared.tails, shared.tail, length - pos), floor)
+        return (max(0, length - tail), length) if tail >= length - pos else (pos, pos + n)
 
     def close(self) -> None:
         if not self.closed:
@@ -706,7 +711,8 @@ def _classify(exc: BaseException) -> tuple[str, int | None]:
         return "denied", status or 403
     if status is not None and (status >= 500 or status in (408, 429)):
         return "transient", status
-    if any(isinstance(e, (TimeoutError, asyncio.TimeoutError)) for e in chain) or any(
+    # (asyncio's and concurrent.futures' TimeoutErrors are caught by name on Python 3.10)
+    if any(isinstance(e, TimeoutError) for e in chain) or any(
         t in n for n in names for t in _TRANSIENT_NAMES
     ):
         return "transient", status
@@ -725,8 +731,7 @@ def _failure(kind: str, status: int | None, exc: BaseException, label: str, what
             f"access denied ({http}) while {what}: check the credentials in storage_options",
             file=label)
     if kind == "transient":
-        cause = "timed out" if "Timeout" in http or "timeout" in http.lower() else http
-        if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-            cause = "timed out"
+        timeout = any("Timeout" in c.__name__ for e in _chain(exc) for c in type(e).__mro__)
+        cause = "timed out" if timeout and not status else http
         return StorageAccessError(f"{what} failed {attempts} times: {cause}", file=label)
     return StorageAccessError(f"{what} failed: {http}", file=label)

@@ -98,6 +98,13 @@ def test_fp8_scan_reads_only_the_pickles(
     assert remote_server.stats.requests < 3 * chunks  # a few records a chunk, not one a read
     assert ck.records() == fp8_local.records()
     assert ck.facts(WQ).subclass == "WeightWithDynamicFloat8CastTensor"
+    # a chunk's zip parse never reads outside its item
+    items = [(c.file, c.byte_offset, c.byte_offset + c.byte_length)
+             for e in ck.entries() for c in e.chunks]
+    for hit in remote_server.stats.hits:
+        first, last = map(int, hit.range.removeprefix("bytes=").split("-"))
+        file = hit.path.rsplit("/", 1)[1]
+        assert any(f == file and s <= first and last < e for f, s, e in items), hit
 
 
 def test_every_tensor_and_object_bit_exact(

@@ -11,7 +11,6 @@ import pytest
 from inspector.ui.cli import main, parse_option
 from tests.fixtures.servers import CountedServer
 from tests.storage.uploads import uploaded
-from tests.ui.test_cli import cli
 
 WQ = "layers.0.attention.wq.weight"
 
@@ -30,22 +29,32 @@ def test_option_values_are_json_or_text() -> None:
         main(["ls", "s3://b/x", "--storage-option", "novalue"])
 
 
-def test_every_subcommand_takes_storage_options(s3_server: CountedServer, demo_dir: Path,
-                                                tmp_path: Path) -> None:
+def test_every_subcommand_takes_storage_options(
+    s3_server: CountedServer, demo_dir: Path, capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``main`` (what the console script runs) in this process, with the server's endpoint
+    taken out of the environment: the options given are the only way to reach it."""
     url = uploaded(s3_server, demo_dir / "fp8", "fp8")
-    ls = cli("ls", url, "--json", "--no-scan", *options(s3_server))
-    assert ls.returncode == 0, ls.stderr
-    assert json.loads(ls.stdout)["path"] == url
-    show = cli("show", url, WQ, *options(s3_server))
-    assert show.returncode == 0 and "shape    [64, 64]" in show.stdout, show.stderr
-    diff = cli("diff", url, str(demo_dir / "fp8"), "--json", *options(s3_server))
-    assert diff.returncode == 0 and json.loads(diff.stdout)["equal"], diff.stderr
-    check = cli("check", url, "--against", str(demo_dir / "fp8"), *options(s3_server))
-    assert check.returncode == 0, check.stderr
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    given = options(s3_server)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = run("ls", url, "--json", "--no-scan", *given)
+    assert code == 0 and json.loads(out)["path"] == url, err
+    code, out, err = run("show", url, WQ, *given)
+    assert code == 0 and "shape    [64, 64]" in out, err
+    code, out, err = run("diff", url, str(demo_dir / "fp8"), "--json", *given)
+    assert code == 0 and json.loads(out)["equal"], err
+    code, out, err = run("check", url, "--against", str(demo_dir / "fp8"), *given)
+    assert code == 0, err
     target = s3_server.address("remote-tests/cli-export")
-    export = cli("export", url, target, "--no-verify", *options(s3_server),
-                 *options(s3_server, "--target-option"))
-    assert export.returncode == 0, export.stderr
-    assert f"{target}/model.safetensors" in export.stdout
-    missing = cli("ls", url + "-missing", *options(s3_server))
-    assert missing.returncode == 2 and "no such file or folder" in missing.stderr
+    code, out, err = run("export", url, target, "--no-verify", *given,
+                         *options(s3_server, "--target-option"))
+    assert code == 0 and f"{target}/model.safetensors" in out, err
+    code, out, err = run("ls", url + "-missing", *given)
+    assert code == 2 and "no such file or folder" in err

@@ -55,7 +55,8 @@ COALESCE_GAP = 1 << 13  # ranges this close are fetched as one
 WHOLE_WINDOW_SLACK = 256  # a window barely larger than its head and tail is fetched whole
 PROFILE_LIMIT = 1 << 16  # the most a learnt head or tail block may be
 LEARN_READ = 1 << 12  # reads up to this size (a zip's records, not tensor data) teach it
-CACHE_BYTES = 1 << 22  # small blocks kept for the checkpoint's life
+BIG_WINDOW_BLOCK = 1 << 12  # what a big window fetches at least at each end (see _span)
+CACHE_BYTES = 1 << 24  # small blocks kept for the checkpoint's life
 RETRIES = 3
 BACKOFF = 0.2  # seconds before the first retry; doubled each time
 
@@ -619,12 +620,12 @@ class _Window(io.RawIOBase):
     def _span(self, pos: int, n: int) -> tuple[int, int]:
         """The bytes to fetch for a small read at ``pos``: the window's start or end, as
         much of it as earlier windows' parses used (the usual amount, or the least more
-        that covers this read; in a big window at least 1/256 of it, up to 64 KiB: a
+        that covers this read; in a big window at least 1/256 of it, up to 4 KiB: a
         request saved costs more than those bytes), else just the read."""
         shared, length = self._storage._shared, self._length
         if shared.head and shared.tail and length <= shared.head + shared.tail + WHOLE_WINDOW_SLACK:
             return 0, length
-        floor = min(PROFILE_LIMIT, length >> 8)
+        floor = min(BIG_WINDOW_BLOCK, length >> 8)
         if pos < length / 2:
             head = max(shared.extent(shared.heads, shared.head, pos + n), floor)
             return (0, min(head, length)) if head >= pos + n else (pos, pos + n)

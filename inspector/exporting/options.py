@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
@@ -18,6 +18,7 @@ from inspector.exporting.fp8 import FP8_MODES
 from inspector.exporting.plan import DEFAULT_SHARD_SIZE, EXPORT_FORMATS, check_choice, parse_size
 from inspector.exporting.run import ExportResult, Progress, export
 from inspector.keys.spellings import view_key
+from inspector.storage.remote import is_url
 
 if TYPE_CHECKING:
     from inspector.analysis.fqn import KeyReport
@@ -28,7 +29,10 @@ PT_FILE = "model.pt"
 
 
 def default_out(ck: Checkpoint, folder: str | os.PathLike = "exports") -> Path:
-    """``exports/<checkpoint name>``: a fresh folder beside the notebook, not in the source."""
+    """``exports/<checkpoint name>``: a fresh folder beside the notebook, not in the source
+    (for a remote checkpoint too: named after the URL's last part)."""
+    if not ck.is_local:
+        return Path(folder) / PurePosixPath(ck.location.rstrip("/").rsplit("/", 1)[-1]).stem
     return Path(folder) / (ck.path.stem if ck.path.is_file() else ck.path.name)
 
 
@@ -56,8 +60,13 @@ class ExportOptions:
     arch: str = "auto"
     hf_assets: str | None = None
 
-    def target(self) -> Path:
-        """The path handed to the exporter: a .pt file for pt, the folder (or file) otherwise."""
+    def target(self) -> Path | str:
+        """What the exporter is handed: a .pt file for pt, the folder (or file) otherwise;
+        a URL (s3://, gs://, hf://) stays a URL."""
+        if is_url(self.out.strip()):
+            url = self.out.strip().rstrip("/")
+            pt_file = PurePosixPath(url).suffix in PT_SUFFIXES
+            return f"{url}/{PT_FILE}" if self.format == "pt" and not pt_file else url
         out = Path(self.out).expanduser()
         if self.format == "pt" and out.suffix not in PT_SUFFIXES:
             return out / PT_FILE

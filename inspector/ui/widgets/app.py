@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import ipywidgets as w
 
@@ -32,12 +34,19 @@ class Inspector(w.VBox):
     """``display(inspector.Inspector(path))``: browse, diagnose and export one checkpoint.
 
     A path that cannot be opened shows why inside the app; type another and press Open.
-    The panels (``header``, ``tree``, ``tensor``, ``doctor``, ``export``) exist once a
+    The path box takes local paths and s3://, gs://, hf://, http(s):// URLs, opened with
+    ``storage_options`` (fsspec's: endpoint_url, key, secret, token, anon, ...). The panels
+    (``header``, ``tree``, ``tensor``, ``doctor``, ``export``) exist once a
     checkpoint is open; ``ck`` is the opened :class:`~inspector.checkpoint.Checkpoint`.
     """
 
-    def __init__(self, path_or_ck: str | os.PathLike | Checkpoint) -> None:
+    def __init__(
+        self,
+        path_or_ck: str | os.PathLike | Checkpoint,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.ck: Checkpoint | None = None
+        self.storage_options = dict(storage_options or {}) or None
         self.errors = ErrorBox()
         is_ck = isinstance(path_or_ck, Checkpoint)
         self.path = w.Text(
@@ -66,7 +75,7 @@ class Inspector(w.VBox):
         """Open the checkpoint at the path box's value and show it."""
         self._replace_body([w.HTML(note(f"opening {self.path.value} ..."))])
         try:
-            ck = inspector.open(self.path.value.strip())
+            ck = inspector.open(self.path.value.strip(), self.storage_options)
         except Exception:
             self._replace_body([])
             raise

@@ -33,7 +33,8 @@ def result_html(result: ExportResult) -> str:
     else:
         verdict = badge("verified", "ok") if check.ok else badge("verification failed", "bad")
     files = [*result.files, *([result.index] if result.index else [])]
-    rows = [(str(p), human_bytes(Path(p).stat().st_size)) for p in files]
+    rows = [(str(p), human_bytes(Path(p).stat().st_size) if isinstance(p, Path) else "")
+            for p in files]
     return (
         f"<div>{verdict} {esc(check) if check is not None else ''}</div>"
         + table(("file", "size"), rows)

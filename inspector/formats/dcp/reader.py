@@ -181,11 +181,10 @@ class DcpSource:
         if chunk.transforms:
             return None
         dtype = _dtype(entry)
-        start = self._on_archive(entry, index, lambda a: a.contiguous_start(chunk.sizes, dtype))
-        if start is None:
+        where = self._on_archive(entry, index, lambda a: a.contiguous_bytes(chunk.sizes, dtype))
+        if where is None:
             return None
-        length = chunk.numel * dtypes.itemsize(dtype)
-        return ByteRange(self.storage, name, chunk.byte_offset + start, length)
+        return ByteRange(self.storage, name, chunk.byte_offset + where.start, where.size, where.crc)
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         if entry.chunks[index].file in self._safetensors:

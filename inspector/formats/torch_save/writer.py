@@ -32,8 +32,11 @@ from inspector.formats.writing import Item, write_item
 from inspector.storage.copy import write_all
 
 
-def write_torch_save(path: Path, structure: Any, progress: Callable[[Item], None]) -> None:
-    """A torch.save archive of ``structure`` (nested dicts/lists; Item leaves become tensors)."""
+def write_torch_save(
+    path: Path, structure: Any, progress: Callable[[Item], None]
+) -> dict[str, int]:
+    """A torch.save archive of ``structure`` (nested dicts/lists; Item leaves become tensors);
+    returns each item's CRC-32 by name, as its record stores it (see :func:`write_item`)."""
     items = list(_items_in(structure))
     storages = [_Storage(str(i), item.dtype, math.prod(item.shape)) for i, item in enumerate(items)]
     by_id = {id(item): storage for item, storage in zip(items, storages, strict=True)}
@@ -59,9 +62,10 @@ def write_torch_save(path: Path, structure: Any, progress: Callable[[Item], None
             del writer  # an unfinished writer finishes the archive here, into the sink
         if sink.error is not None:
             raise sink.error
-        filled = zip(sink.items, sink.crcs, strict=True)
+        filled = list(zip(sink.items, sink.crcs, strict=True))
         _set_crcs(f, {f"data/{by_id[id(item)].key}": crc for item, crc in filled})
         os.fsync(f.fileno())
+    return {item.name: 0 for item in items} | {item.name: crc for item, crc in filled}
 
 
 class _Sink:

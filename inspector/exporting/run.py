@@ -191,7 +191,8 @@ def _resolved(folder: Path, name: str) -> Path | None:
 
 
 class _Meter:
-    """A tqdm bar in bytes plus the caller's callback."""
+    """A tqdm bar in bytes (none without ``progress``: tqdm is not even imported) plus the
+    caller's callback."""
 
     def __init__(
         self,
@@ -200,19 +201,23 @@ class _Meter:
         callback: Callable[[Progress], None] | None,
         phase: str = "write",
     ) -> None:
-        from tqdm.auto import tqdm
-
         self.total, self.done, self.callback, self.phase = total, 0, callback, phase
-        self.bar = tqdm(total=total, unit="B", unit_scale=True, desc=phase, disable=not progress)
+        self.bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc=phase)
 
     def __call__(self, item: Item) -> None:
         self.done += item.nbytes
-        self.bar.update(item.nbytes)
+        if self.bar is not None:
+            self.bar.update(item.nbytes)
         if self.callback is not None:
             self.callback(Progress(self.phase, self.done, self.total, item.name))
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _retrying(

@@ -42,7 +42,9 @@ class _Spelled:
             raise ValueError(f"view must be one of {VIEWS}, not {view!r}")
         self.view = view
         self.entries = entries
-        self.keys = [view_key(e, view) for e in entries]
+        self.keys = (
+            [e.key for e in entries] if view == "stored" else [view_key(e, view) for e in entries]
+        )
         self.parts = [k.split(".") for k in self.keys]
         self._sizes: list[tuple[str, int, int]] | None = None
 

@@ -11,6 +11,7 @@ poisoning (``poisoning``) and Hugging Face cache containment (``containment``).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 from pathlib import Path
@@ -92,6 +93,7 @@ def test_isolated(name: str, sources: Sources, digests, tmp_path: Path) -> None:
     report = isolated.run(spec, tmp_path / "run", reference=reference, truth=truth, warm=warm)
     verdict = isolated.judge(spec, report, reference, truth)
     TALLY.isolated[name] = verdict.outcome
+    (tmp_path / "verdict.json").write_text(json.dumps({"case": name, "problems": verdict.problems}))
     assert before is None or source_hash(spec.path) == before, "the source changed"
     assert not verdict.problems, "\n".join(verdict.problems)
 

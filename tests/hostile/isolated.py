@@ -226,9 +226,11 @@ def _last_started(report: Report) -> str:
 
 
 def _frames(stderr: str) -> str:
-    """Where faulthandler's dump says the main thread was: its innermost frame and the
-    innermost frames in the inspector package."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip().startswith("File ")]
+    """Where faulthandler's dump says the child's main thread was: its innermost frame and
+    the innermost frames in the inspector package."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stderr)
+    main = next((b for b in blocks if "tests/hostile/isolated.py" in b), stderr)
+    lines = [line.strip() for line in main.splitlines() if line.strip().startswith("File ")]
     ours = [line for line in lines if "/inspector/" in line]
     picked = list(dict.fromkeys([*lines[:1], *ours[:4]]))
     first = next((line for line in stderr.splitlines() if line.strip()), "")
@@ -296,7 +298,8 @@ class _Judge:
             step, status = rec["step"], rec["status"]
             if status in ("exception", "memory", "payload"):
                 kind = "exception:" + rec.get("type", "?") if status == "exception" else status
-                self.fail(f"{kind}@{step} - {rec.get('type')}: {rec.get('message', '')[:300]}")
+                text = f"{rec.get('type')}: {rec.get('message', '')[:300]} (at {rec.get('where')})"
+                self.fail(f"{kind}@{step} - {text}")
             if rec.get("seconds", 0) > self.spec.seconds:
                 self.fail(f"slow@{step} - took {rec['seconds']:.1f} s")
             if not grew and (rec.get("rss", 0) > RSS_BYTES or rec.get("vm", 0) > VM_BYTES):
@@ -519,6 +522,7 @@ class _Steps:
             fields.update(status="wrong", message=str(exc))
         except BaseException as exc:  # every outcome is recorded, not raised
             fields.update(status=_classify(exc), type=type(exc).__name__, message=str(exc)[:2000])
+            fields["where"] = where(exc)
             if isinstance(exc, InspectorError):
                 fields.update(file=exc.file, key=exc.key)
         finally:
@@ -528,6 +532,15 @@ class _Steps:
         fields["vm"] = max(0, _status_kb("VmPeak") - self.baseline[1]) * 1024
         self.write(step=name, **fields)
         return ok, result
+
+
+def where(exc: BaseException) -> str:
+    """The innermost frames of the inspector package an exception passed through."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "/inspector/" in f.filename] or frames[-1:]
+    return " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in ours[::-1][:3])
 
 
 def _walk_tree(ck: Any, view: str) -> int:
@@ -591,13 +604,14 @@ def _explore(steps: _Steps, spec: dict, work: Path) -> None:
     for view in VIEWS:
         steps(f"tree:{view}", _walk_tree, ck, view, summary=lambda n: n)
     steps("scan", ck.scan, progress=False)
+    readable = []
     for key in ck.keys():
         entry = ck.entry(key)
         steps(f"entry:{key}", repr, entry)
         if entry.kind == "tensor":
             ok, _ = steps(f"read:{key}", _read_checked, ck, key, summary=digest)
             if ok:
-                steps(f"stats:{key}", ck.stats, key, summary=repr)
+                readable.append(key)
         else:
             ok, value = steps(f"read:{key}", ck.read_object, key, summary=digest)
             if ok:
@@ -620,6 +634,8 @@ def _explore(steps: _Steps, spec: dict, work: Path) -> None:
     for fmt in spec["exports"]:
         steps(f"export:{fmt}", _export, ck, work / "out" / fmt, fmt, summary=lambda v: v)
         steps(f"leftovers:{fmt}", _temporaries, work / "out" / fmt, summary=lambda v: v)
+    for key in readable:  # last: a statistics pass that never ends must not hide the rest
+        steps(f"stats:{key}", ck.stats, key, summary=repr)
 
 
 def _then(steps: _Steps, spec: dict, truth: dict[str, str]) -> None:

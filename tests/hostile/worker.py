@@ -116,7 +116,7 @@ def _explore(path: str, work: Path, baseline: dict[str, str]) -> tuple[str, str 
         outcome = "refused"
     except BaseException as exc:  # every other outcome breaks the promise
         problem = f"{isolated._classify(exc)}: {type(exc).__name__}: {str(exc)[:300]}"
-        problem += f" (at {_where(exc)})"
+        problem += f" (at {isolated.where(exc)})"
     grown = (isolated._status_kb("VmHWM") - resident) * 1024
     if problem is None and grown > isolated.RSS_BYTES:
         problem = f"memory: resident set grew {grown / 2**20:.0f} MiB"
@@ -124,15 +124,6 @@ def _explore(path: str, work: Path, baseline: dict[str, str]) -> tuple[str, str 
     if problem is None and changed:
         problem = f"poisoned: {', '.join(changed)[:300]}"
     return outcome, problem
-
-
-def _where(exc: BaseException) -> str:
-    """The innermost frame of the inspector package the exception passed through."""
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in frames if "/inspector/" in f.filename] or frames[-1:]
-    return " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in ours[::-1][:3])
 
 
 def _serve(setup: dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ class Worker:
     def __init__(self, warm: list[Path], work: Path) -> None:
         self.setup = json.dumps({"warm": [str(p) for p in warm], "work": str(work)})
         self.process: subprocess.Popen | None = None
+        self._start()  # now: an example's time must not include starting the interpreter
 
     def _start(self) -> None:
         env = {**os.environ, "PYTHONPATH": str(isolated.REPO), "OMP_NUM_THREADS": "1"}
@@ -65,10 +66,6 @@ class Worker:
         return f"{how}: {tail}"
 
     def explore(self, path: Path, work: Path) -> tuple[str, str | None]:
-        if self.process is not None and self.process.poll() is not None:
-            self._death()  # it left after a poisoned example
-        if self.process is None:
-            self._start()
         self.process.stdin.write(json.dumps({"path": str(path), "work": str(work)}) + "\n")
         self.process.stdin.flush()
         answer = self._answer(EXAMPLE_SECONDS + 10)
@@ -76,6 +73,9 @@ class Worker:
             why = self._death()
             self._start()  # now, so the next example's time is its own
             return "died", f"the worker died or hung ({why})"
+        if (answer["problem"] or "").startswith("poisoned"):
+            self._death()  # it leaves after a poisoned example
+            self._start()
         return answer["outcome"], answer["problem"]
 
     def close(self) -> None:

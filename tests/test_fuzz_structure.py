@@ -259,7 +259,8 @@ def sources(genuine, demo_dir: Path, dcp_single_written: dict) -> Sources:
 
 @pytest.fixture(scope="module")
 def worker(sources: Sources, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    found = Worker([sources.seed, sources.fp8, sources.pt], tmp_path_factory.mktemp("worker"))
+    warm = [sources.seed, sources.flat, sources.fp8, sources.pt, sources.model_bin]
+    found = Worker(warm, tmp_path_factory.mktemp("worker"))
     yield found
     found.close()
 

@@ -1,6 +1,7 @@
 """Hostile cases that may crash, hang, abort or poison the process (tests/hostile/isolated.py):
-each runs in a fresh interpreter with a 3 GiB address space, under the audit-hook guard and
-a per-step watchdog, and must do exactly what the README's Security section promises.
+each runs in a child forked from a warmed-up zygote (tests/hostile/zygote.py) with a 3 GiB
+address space, under the audit-hook guard and a per-step watchdog, and must do exactly what
+the README's Security section promises.
 
 Classes: memory corruption (``forgery``), interrupts (``interrupts``), amplification
 through the pickle memo (``memo``), special files (``special_files``), allocation before
@@ -31,6 +32,7 @@ from tests.hostile import (
 )
 from tests.hostile.case import Sources
 from tests.hostile.tally import TALLY
+from tests.hostile.zygote import Zygote
 
 FAMILIES = {
     "forgery": forgery.CASES,
@@ -48,6 +50,17 @@ CASES = {name: case for cases in FAMILIES.values() for name, case in cases.items
 @pytest.fixture(scope="session")
 def sources(genuine, demo_dir: Path, dcp_single_written: dict) -> Sources:
     return Sources(genuine, demo_dir / "fp8", dcp_single_written["hf"].path)
+
+
+@pytest.fixture(scope="module")
+def zygote(sources: Sources, tmp_path_factory: pytest.TempPathFactory):
+    """One warmed-up process forking every case of this module."""
+    warm = [str(p) for p in (*vars(sources.genuine).values(), sources.fp8, sources.dcp_hf)]
+    work = tmp_path_factory.mktemp("zygote")
+    setup = {"prepare": "tests.hostile.isolated:prepare", "warm": warm, "work": str(work)}
+    found = Zygote(setup, work)
+    yield found
+    found.close()
 
 
 @pytest.fixture(scope="session")
@@ -84,13 +97,12 @@ def source_hash(path: Path) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_isolated(name: str, sources: Sources, digests, tmp_path: Path) -> None:
+def test_isolated(name: str, sources: Sources, digests, zygote: Zygote, tmp_path: Path) -> None:
     spec = CASES[name](sources, tmp_path / "case")
     before = source_hash(spec.path) if spec.path is not None else None
     reference = digests("reference", spec.reference) if spec.reference else None
     truth = digests("truth", spec.then) if spec.then else None
-    warm = (spec.reference or (spec.interrupt.source if spec.interrupt else sources.seed),)
-    report = isolated.run(spec, tmp_path / "run", reference=reference, truth=truth, warm=warm)
+    report = isolated.run(spec, tmp_path / "run", zygote, reference=reference, truth=truth)
     verdict = isolated.judge(spec, report, reference, truth)
     TALLY.isolated[name] = verdict.outcome
     (tmp_path / "verdict.json").write_text(json.dumps({"case": name, "problems": verdict.problems}))
@@ -109,14 +121,16 @@ def test_every_class_has_cases() -> None:
 # --- the runner itself must see what it is there to see -------------------------------------
 
 
-def _verdict(spec: isolated.Spec, tmp_path: Path, **digests) -> isolated.Verdict:
-    report = isolated.run(spec, tmp_path, **digests)
+def _verdict(spec: isolated.Spec, tmp_path: Path, zygote: Zygote, **digests) -> isolated.Verdict:
+    report = isolated.run(spec, tmp_path, zygote, **digests)
     return isolated.judge(spec, report, digests.get("reference"), digests.get("truth"))
 
 
-def test_runner_passes_a_genuine_checkpoint(sources: Sources, digests, tmp_path: Path) -> None:
+def test_runner_passes_a_genuine_checkpoint(
+    sources: Sources, digests, zygote: Zygote, tmp_path: Path
+) -> None:
     spec = isolated.Spec(sources.seed, reference=sources.seed)
-    verdict = _verdict(spec, tmp_path, reference=digests("reference", sources.seed))
+    verdict = _verdict(spec, tmp_path, zygote, reference=digests("reference", sources.seed))
     assert verdict.outcome == "ok", verdict.problems
 
 
@@ -129,15 +143,29 @@ def test_runner_passes_a_genuine_checkpoint(sources: Sources, digests, tmp_path:
         ("poison", "poisoned@stand-ins"),
     ],
 )
-def test_runner_sees(probe: str, outcome: str, tmp_path: Path) -> None:
+def test_runner_sees(probe: str, outcome: str, zygote: Zygote, tmp_path: Path) -> None:
     """A child that crashes, aborts, hangs or changes shared state fails the case, not the
-    session."""
+    session, and the next case starts from the zygote's clean state."""
     spec = isolated.Spec(probe=probe, watchdog=3)
-    assert _verdict(spec, tmp_path).outcome == outcome
+    assert _verdict(spec, tmp_path / "probe", zygote).outcome == outcome
+    clean = isolated.Spec(probe="none")
+    assert _verdict(clean, tmp_path / "after", zygote).outcome == "ok"
 
 
-def test_runner_sees_wrong_values(sources: Sources, digests, tmp_path: Path) -> None:
+def test_runner_sees_wrong_values(
+    sources: Sources, digests, zygote: Zygote, tmp_path: Path
+) -> None:
     """A genuine checkpoint judged against another one's digests: reads differ."""
     spec = isolated.Spec(sources.seed, reference=sources.seed)
     wrong = {k: "not this" for k in digests("reference", sources.seed)}
-    assert _verdict(spec, tmp_path, reference=wrong).outcome.startswith("wrong@read:")
+    assert _verdict(spec, tmp_path, zygote, reference=wrong).outcome.startswith("wrong@read:")
+
+
+def test_a_case_costs_little(zygote: Zygote, tmp_path: Path) -> None:
+    """Forking a warmed-up child is what a case costs beyond its own steps."""
+    import time
+
+    start = time.perf_counter()
+    for i in range(5):
+        assert _verdict(isolated.Spec(probe="none"), tmp_path / str(i), zygote).outcome == "ok"
+    assert (time.perf_counter() - start) / 5 < 0.5

@@ -1,38 +1,38 @@
-"""One hostile case in a fresh interpreter, so a segfault, an abort, a hang or a poisoned
-module cannot take the test session with it.
+"""One hostile case in a child process of its own, so a segfault, an abort, a hang or a
+poisoned module cannot take the test session (or the next case) with it.
 
-The parent (``run``) writes the case as JSON and starts ``python -m tests.hostile.isolated``;
-the child warms up on genuine checkpoints, limits its address space (RLIMIT_AS 3 GiB),
-then drives the case through public entry points only, each call a *step* run under the
-audit-hook guard and a watchdog, and logs every step as a JSON line as it starts and ends.
-``judge`` turns the log, the exit status and stderr into the outcome and the list of ways
-the promise was broken (empty when kept).
+``run`` hands the case to a zygote (tests/hostile/zygote.py): a process that imported torch
+and the inspector and warmed up on every genuine checkpoint once, and forks a child per
+case. The child limits its address space (RLIMIT_AS 3 GiB), then drives the case through
+public entry points only, each call a *step* run under the audit-hook guard and a
+watchdog, and reports every step as it starts and ends. ``judge`` turns the records, the
+exit status and stderr into the outcome and the list of ways the promise was broken
+(empty when kept).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-REPO = Path(__file__).resolve().parents[2]
+if TYPE_CHECKING:
+    from tests.hostile.zygote import Zygote
+
 STEP_SECONDS = 10  # a step still running then is a hang: the child dumps its stack and exits
 SLOW_SECONDS = 5.0  # a step slower than this fails the case (its files are a few MB)
-ADDRESS_SPACE = 3 << 30
 RSS_BYTES = 256 << 20  # resident set growth allowed to a whole case, above the warmed-up child
 VM_BYTES = 768 << 20  # address space growth allowed (an untouched 1 GiB tensor costs no RSS)
-CHILD_SECONDS = 900
+CHILD_SECONDS = 300  # a whole case; its steps are watched one by one (STEP_SECONDS)
 SAMPLES = 4096  # elements compared of a tensor too large to hash whole
 MAX_KEYS = 5000  # more keys than any case's genuine source: listed, not read one by one
 _WHOLE = 1 << 22
@@ -80,10 +80,9 @@ class Spec:
     then: Path | None = None
     exports: tuple[str, ...] = ("safetensors", "pt")
     interrupt: Interrupt | None = None
-    warm: tuple[Path, ...] = ()
     seconds: float = SLOW_SECONDS
     watchdog: float = STEP_SECONDS
-    probe: str | None = None  # the runner's self-check: "segfault", "abort", "hang", "poison"
+    probe: str | None = None  # the runner's self-check: segfault, abort, hang, poison, none
 
 
 @dataclass
@@ -178,38 +177,24 @@ def _plain(value: Any) -> Any:
 def run(
     spec: Spec,
     work: Path,
+    zygote: Zygote,
     *,
     reference: dict[str, str] | None = None,
     truth: dict[str, str] | None = None,
-    warm: tuple[Path, ...] = (),
 ) -> Report:
-    """Run ``spec`` in a child interpreter; ``reference`` and ``truth`` are digests of
-    ``spec.reference`` and ``spec.then``, ``warm`` genuine checkpoints to warm up on."""
+    """Run ``spec`` in a child forked by ``zygote`` (warmed up on the genuine checkpoints);
+    ``reference`` and ``truth`` are digests of ``spec.reference`` and ``spec.then``."""
     work.mkdir(parents=True, exist_ok=True)
     job = {
         "spec": {k: _plain(v) for k, v in vars(spec).items()},
         "reference": reference,
         "truth": truth,
-        "warm": [str(p) for p in (*warm, *spec.warm)],
         "work": str(work),
-        "log": str(work / "steps.jsonl"),
     }
-    job_path = work / "job.json"
-    job_path.write_text(json.dumps(job))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "tests.hostile.isolated", str(job_path)]
-    try:
-        done = subprocess.run(
-            command, cwd=REPO, env=env, capture_output=True, text=True, timeout=CHILD_SECONDS
-        )
-        returncode, stderr, timed_out = done.returncode, done.stderr, False
-    except subprocess.TimeoutExpired as exc:
-        returncode, timed_out = None, True
-        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
-    (work / "stderr.txt").write_text(stderr)
-    log = Path(job["log"])
-    lines = log.read_text().splitlines() if log.exists() else []
-    return Report(returncode, stderr, [json.loads(line) for line in lines], timed_out)
+    stderr = work / "stderr.txt"
+    ended = zygote.run("tests.hostile.isolated:case", job, stderr, CHILD_SECONDS)
+    text = stderr.read_text(errors="replace") if stderr.exists() else ""
+    return Report(ended.returncode, text, ended.records, ended.timed_out)
 
 
 # --- judging -------------------------------------------------------------------------------
@@ -491,13 +476,12 @@ class Wrong(Exception):
 class _Steps:
     """Runs calls as logged, guarded, watched steps."""
 
-    def __init__(self, log: Any, work: Path, watchdog: float) -> None:
-        self.log, self.work, self.watchdog = log, work, watchdog
+    def __init__(self, report: Callable[[dict], None], work: Path, watchdog: float) -> None:
+        self.report, self.work, self.watchdog = report, work, watchdog
         self.baseline = _status_kb("VmHWM"), _status_kb("VmPeak")
 
     def write(self, **fields: Any) -> None:
-        self.log.write(json.dumps(fields, default=repr) + "\n")
-        self.log.flush()
+        self.report(fields)
 
     def __call__(
         self, name: str, fn: Callable, *args: Any, summary: Callable | None = None, **kwargs: Any
@@ -557,9 +541,11 @@ def _listed(ck: Any) -> dict[str, Any]:
 
 
 def _read_checked(ck: Any, key: str) -> Any:
+    from inspector.dtypes import name_of
+
     entry = ck.entry(key)
     value = ck.read(key)
-    if (value.dtype, tuple(value.shape)) != (entry.dtype, tuple(entry.shape)):
+    if (name_of(value.dtype), tuple(value.shape)) != (entry.dtype, tuple(entry.shape)):
         raise Wrong(f"read {value.dtype} {list(value.shape)}, listed {entry.dtype} {entry.shape}")
     return value
 
@@ -597,7 +583,7 @@ def _explore(steps: _Steps, spec: dict, work: Path) -> None:
     ok, ck = steps("open", inspector.open, spec["path"], summary=_listed)
     if not ok or len(ck) > MAX_KEYS:
         return
-    from inspector.keys import VIEWS
+    from inspector.keys.spellings import VIEWS
 
     steps("repr", repr, ck)
     steps("table", _errors_in_table, ck, summary=lambda v: v)
@@ -655,13 +641,13 @@ class _Trigger:
     (the real signal, whatever handler is installed) at the chosen one."""
 
     def __init__(self) -> None:
-        from inspector import writers
+        from inspector.formats.torch_save import writer
 
         self.counts: Counter[str] = Counter()
         self.kind: str | None = None
         self.at = 0
         self.fired = False
-        sink = writers._Sink
+        sink = writer._Sink
         original_write, original_seek = sink.write, sink.seek
 
         def write(this: Any, data: Any) -> int:
@@ -780,7 +766,7 @@ def _interrupts(steps: _Steps, job: dict, work: Path) -> None:
 # --- the child's main ------------------------------------------------------------------------
 
 
-def _warm_up(paths: list[str], work: Path) -> None:
+def warm_up(paths: list[str], work: Path) -> None:
     """Every entry point once on genuine checkpoints, and the modules hostile input may
     reach, so nothing is imported for the first time inside a guarded step."""
     import bz2  # noqa: F401
@@ -794,6 +780,7 @@ def _warm_up(paths: list[str], work: Path) -> None:
     import zstandard  # noqa: F401
 
     import inspector
+    from inspector import dtypes
     from tests.hostile.pipeline import export_options
 
     for i, path in enumerate(paths):
@@ -807,7 +794,7 @@ def _warm_up(paths: list[str], work: Path) -> None:
                 continue
             if entry.kind == "tensor":
                 ck.read(entry.key)
-                if not entry.dtype.is_complex:
+                if dtypes.is_real(entry.dtype):
                     ck.stats(entry.key)
             else:
                 repr(ck.read_object(entry.key))
@@ -820,50 +807,71 @@ def _warm_up(paths: list[str], work: Path) -> None:
 
 
 def _stand_ins() -> dict[str, Any]:
-    """The module-level objects pickles are resolved to, shared by every checkpoint opened."""
+    """The module-level objects pickles are resolved to, shared by every checkpoint opened:
+    the resolver's tables, what they hold, and the record classes decoding builds."""
     import torch
 
-    from inspector import dcp_metadata, safe_pickle
+    from inspector.formats.dcp import metadata as dcp_metadata
+    from inspector.formats.safe_pickle import policy, records
 
     found: dict[str, Any] = {}
     tables = {
-        "data": safe_pickle._DATA_GLOBALS,
-        "builtins": safe_pickle._SAFE_BUILTINS,
-        "legacy": safe_pickle._LEGACY_STORAGE,
-        "paths": safe_pickle._PATH_CLASSES,
-        "metadata": dcp_metadata.CLASSES,
-        "allowed": safe_pickle._MetadataUnpickler._allowed or safe_pickle._metadata_globals(),
+        "data": policy._DATA_GLOBALS,
+        "builtins": policy._SAFE_BUILTINS,
+        "legacy": policy._LEGACY_STORAGE,
+        "paths": policy._PATH_CLASSES,
+        "named": policy._NAMED,
+        "dtypes": policy._DTYPES,
+        "metadata": policy._METADATA_GLOBALS,
+        "dcp": dcp_metadata.CLASSES,
     }
     for table, items in tables.items():
+        found[f"table:{table}"] = items
         for name, value in items.items():
             found[f"{table}:{name}"] = value
+    classes = [v for v in vars(records).values() if isinstance(v, type)]
+    classes += [v for v in vars(dcp_metadata).values() if isinstance(v, type)]
     for value in (
-        safe_pickle.Opaque,
-        safe_pickle.StorageRef,
-        safe_pickle.TensorRef,
-        safe_pickle.SubclassRef,
-        safe_pickle.UnknownDtype,
-        safe_pickle._StorageType,
-        dcp_metadata._Record,
+        *classes,
+        policy._UNTYPED,
+        policy._DEVICE,
+        records.TENSOR,
+        records.PARAMETER,
         torch.Tensor,
         torch.nn.Parameter,
         torch.Size,
         torch.device,
-        *safe_pickle.LEGACY_STORAGE_DTYPES.values(),
     ):
         found[repr(value)] = value
     return found
 
 
+def _state(value: Any) -> dict[str, Any]:
+    """What BUILD or setattr could change on ``value``: its ``__dict__`` (a table's items),
+    its slots, a function's defaults (an allow-listed function's too)."""
+    state: dict[str, Any] = {}
+    if isinstance(value, dict):
+        state.update(value)
+    attributes = getattr(value, "__dict__", None)
+    if attributes is not None:
+        state.update(attributes)
+    for cls in type(value).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                state[name] = getattr(value, name)
+    for target in (value, state.get("_fn")):
+        for name in ("__defaults__", "__kwdefaults__"):
+            if hasattr(target, name):
+                state[name] = repr(getattr(target, name))
+    return state
+
+
 def _fingerprint() -> dict[str, str]:
     out = {}
     for label, value in _stand_ins().items():
-        state = getattr(value, "__dict__", None)
-        for name, item in list(state.items()) if state is not None else ():
-            out[f"{label}.{name}"] = f"{id(item)}:{type(item).__name__}"
-        for name in ("__defaults__", "__kwdefaults__"):
-            if hasattr(value, name):
-                out[f"{label}.{name}"] = repr(getattr(value, name))
+        for name, item in _state(value).items():
+            text = item if isinstance(item, str) else f"{id(item)}:{type(item).__name__}"
+            out[f"{label}.{name}"] = text
     return out
 
 
@@ -873,9 +881,7 @@ def _changed(before: dict[str, str], after: dict[str, str]) -> list[str]:
 
 def _probe(kind: str) -> None:
     """Misbehave as a broken reader would, so tests can check the runner notices."""
-    import torch
-
-    from inspector import safe_pickle
+    from inspector.formats.safe_pickle import policy
 
     if kind == "segfault":
         sys.modules["ctypes"].string_at(0)
@@ -885,41 +891,39 @@ def _probe(kind: str) -> None:
         while True:
             time.sleep(1)
     elif kind == "poison":
-        vars(safe_pickle._LEGACY_STORAGE["FloatStorage"])["dtype"] = torch.int32
+        object.__setattr__(policy._LEGACY_STORAGE["FloatStorage"], "dtype", "int32")
 
 
-def _child(job_path: str) -> None:
-    import faulthandler
-    import resource
+def prepare(setup: dict[str, Any]) -> None:
+    """The zygote's warm-up (see tests/hostile/zygote.py): every entry point on every
+    genuine checkpoint, one thread for torch, the guard's audit hook installed."""
+    import ctypes  # noqa: F401  (for the segfault probe: a fresh import would be stopped)
+    import faulthandler  # noqa: F401
+    import resource  # noqa: F401
+    import traceback  # noqa: F401
 
-    job = json.loads(Path(job_path).read_text())
+    import torch
+    import tqdm
+
+    torch.set_num_threads(1)
+    tqdm.tqdm.monitor_interval = 0  # no monitor thread: a fork copies only the main thread
+    warm_up(setup["warm"], Path(setup["work"]))
+    import tests.hostile.guard  # noqa: F401  (installs the audit hook)
+
+
+def case(job: dict[str, Any], report: Callable[[dict], None]) -> None:
+    """A forked child's work: the case's steps, reported as they happen."""
     spec, work = job["spec"], Path(job["work"])
-    faulthandler.enable()
-    with open(job["log"], "a") as log:
-        warm = job["warm"] or []
-        _warm_up(warm, work)
-        import tests.hostile.guard  # noqa: F401  (installs the audit hook)
-
-        before = _fingerprint()
-        Path("/proc/self/clear_refs").write_text("5")
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, hard))
-        steps = _Steps(log, work, spec["watchdog"])
-        if spec["probe"]:
-            import ctypes  # noqa: F401  (before the guard: a fresh import would be stopped)
-
-            steps("probe", _probe, spec["probe"])
-        if spec["interrupt"]:
-            _interrupts(steps, spec["interrupt"], work)
-        elif spec["path"]:
-            _explore(steps, spec, work)
-        if spec["then"]:
-            _then(steps, spec, job["truth"] or {})
-        steps.write(step="fingerprint", status="checked", value=_changed(before, _fingerprint()))
-        steps.write(step="done", status="done")
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown: a damaged object must not crash it after the log
-
-
-if __name__ == "__main__":
-    _child(sys.argv[1])
+    before = _fingerprint()
+    Path("/proc/self/clear_refs").write_text("5")
+    steps = _Steps(report, work, spec["watchdog"])
+    if spec["probe"]:
+        steps("probe", _probe, spec["probe"])
+    if spec["interrupt"]:
+        _interrupts(steps, spec["interrupt"], work)
+    elif spec["path"]:
+        _explore(steps, spec, work)
+    if spec["then"]:
+        _then(steps, spec, job["truth"] or {})
+    steps.write(step="fingerprint", status="checked", value=_changed(before, _fingerprint()))
+    steps.write(step="done", status="done")

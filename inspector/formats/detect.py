@@ -15,7 +15,7 @@ from inspector.formats.hf_sharded import ShardedSource
 from inspector.formats.safetensors import SafetensorsSource, looks_like_safetensors
 from inspector.formats.torch_archive import is_legacy_torch, is_tar, is_zip
 from inspector.formats.torch_save import TorchSaveSource
-from inspector.storage.base import Kind, Storage
+from inspector.storage.base import Listed, Storage
 
 
 def open_source(storage: Storage, name: str = "") -> Source:
@@ -162,7 +162,7 @@ def _with_notes(source: Source, notes: tuple[str, ...], *, first: bool = False) 
     return source
 
 
-def _leftover_shards(storage: Storage, listed: list[tuple[str, Kind]]) -> list[str]:
+def _leftover_shards(storage: Storage, listed: list[tuple[str, Listed]]) -> list[str]:
     if (SHARDED_DIR, "dir") not in listed:
         return []
     return [n for n, kind in storage.child(SHARDED_DIR).list() if n.endswith(".safetensors")]

@@ -23,7 +23,7 @@ from inspector.errors import (
     ExportError,
     UnsafeCheckpointError,
 )
-from inspector.storage.base import IOCounter, Kind
+from inspector.storage.base import IOCounter, Kind, Listed
 
 _SPECIAL = (
     (stat.S_ISDIR, "a directory"),
@@ -71,14 +71,13 @@ class LocalStorage:
         _require_regular(info.st_mode, self.describe(name))
         return info.st_size
 
-    def list(self, name: str = "") -> list[tuple[str, Kind]]:
-        found: list[tuple[str, Kind]] = []
+    def list(self, name: str = "") -> list[tuple[str, Listed]]:
+        found: list[tuple[str, Listed]] = []
         try:
             with os.scandir(self.root / name) as entries:
                 for entry in entries:
                     kind = self.kind(f"{name}/{entry.name}" if name else entry.name)
-                    if kind is not None:
-                        found.append((entry.name, kind))
+                    found.append((entry.name, kind or "other"))
         except OSError as exc:
             raise _error(exc, self.describe(name)) from None
         return sorted(found)

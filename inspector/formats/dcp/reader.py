@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
-from inspector.entry import ChunkInfo, Entry, layout_problem
+from inspector.entry import ChunkInfo, Entry, Kind, layout_problem
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
 from inspector.formats import safe_pickle
 from inspector.formats.base import ChunkValue, file_sizes
@@ -41,15 +41,18 @@ _TRANSFORM_SLACK = 1 << 20
 # zstd's densest encoding (RLE blocks) stores 128 KiB in 4 bytes: no genuine compressed item
 # expands more, so a chunk claiming more is refused before anything is allocated for it.
 _MAX_ZSTD_RATIO = 1 << 15
+_MAX_DIMS = 64
+_MAX_INT = 1 << 62
 
 
 def metadata_files(storage: Storage, folder: str = "") -> list[str]:
-    """``.metadata``, or the per-rank ``__<r>.metadata`` files written without collectives."""
+    """``.metadata``, or the per-rank ``__<r>.metadata`` files written without collectives
+    (whatever they are: one that is not a regular file is refused when read, by name)."""
     try:
         listed = storage.list(folder)
     except InspectorError:
         return []
-    names = {name for name, kind in listed if kind == "file"}
+    names = {name for name, _kind in listed}
     if METADATA_FILE in names:
         return [METADATA_FILE]
     return sorted(
@@ -74,7 +77,7 @@ class DcpSource:
         files = metadata_files(storage) or [METADATA_FILE]
         self.metadata_name = files[0]
         referrer = storage.describe(self.metadata_name)
-        raw = _merge([_read_metadata(storage, name) for name in files], referrer)
+        raw, problems = _merge([_read_metadata(storage, name) for name in files], referrer)
         notes = [f"{self.metadata_name} found: torch.distributed.checkpoint (DCP) folder"]
         if len(files) > 1:
             notes.append(f"{len(files)} per-rank metadata files (saved without collectives)")
@@ -83,7 +86,7 @@ class DcpSource:
             if isinstance(raw.planner_data, dict)
             else "key names (no planner_data)"
         )
-        entries = _entries(raw, storage, referrer)
+        entries = _entries(raw, problems, storage, referrer)
         entries, self._safetensors = _place_safetensors_chunks(storage, entries)
         self._entries = _check_items(entries, self._safetensors, self.metadata_name)
         self.format = "dcp-safetensors" if self._safetensors else "dcp"
@@ -326,7 +329,9 @@ def _untransform(storage: Storage, name: str, chunk: ChunkInfo, entry: Entry) ->
 # --- metadata --------------------------------------------------------------------------------
 
 
-def _read_metadata(storage: Storage, name: str) -> Metadata:
+def _read_metadata(storage: Storage, name: str) -> tuple[Metadata, dict[str, str]]:
+    """One metadata file, its tables checked; and the keys it describes in a way that
+    cannot be genuine, each with why."""
     data = storage.read(name)
     metadata = safe_pickle.load_metadata(data, file=storage.describe(name))
     for table in ("state_dict_metadata", "storage_data"):
@@ -334,30 +339,52 @@ def _read_metadata(storage: Storage, name: str) -> Metadata:
             raise CorruptCheckpointError(
                 f"metadata has no {table} table", file=storage.describe(name)
             )
-    return metadata
+    return metadata, _shared_chunk_lists(metadata.state_dict_metadata, name)
 
 
-def _merge(parts: list[Metadata], referrer: str) -> Metadata:
-    """Union of per-rank metadata files (``__<r>.metadata``); one file is returned as is."""
-    merged = parts[0]
-    for part in parts[1:]:
+def _shared_chunk_lists(table: dict, source: str) -> dict[str, str]:
+    """Keys whose chunk list is also another key's. Each key of a genuine file has its own;
+    one list shared through the pickle's memo by thousands of keys would be walked (and
+    merged) once per key."""
+    owner: dict[int, Any] = {}
+    problems = {}
+    for key, md in table.items():
+        chunks = md.chunks if isinstance(md, TensorStorageMetadata) else None
+        if isinstance(chunks, list) and owner.setdefault(id(chunks), key) is not key:
+            first = _text(owner[id(chunks)])
+            problems[key] = f"{source} gives this key the chunk list of key {first}"
+    return problems
+
+
+def _merge(
+    parts: list[tuple[Metadata, dict[str, str]]], referrer: str
+) -> tuple[Metadata, dict[str, str]]:
+    """Union of per-rank metadata files (``__<r>.metadata``); one file is returned as is.
+    Keys found malformed in any file keep the first reason and are not merged."""
+    merged, problems = parts[0][0], dict(parts[0][1])
+    for part, found in parts[1:]:
+        for key, why in found.items():
+            problems.setdefault(key, why)
         for key, md in part.state_dict_metadata.items():
             mine = merged.state_dict_metadata.setdefault(key, md)
-            if mine is not md and isinstance(mine, TensorStorageMetadata):
-                if not (
-                    isinstance(mine.chunks, list) and isinstance(getattr(md, "chunks", None), list)
-                ):
-                    raise CorruptCheckpointError(
-                        f"per-rank chunk lists of {key!r} are malformed", file=referrer
-                    )
-                mine.chunks.extend(md.chunks)
+            if mine is md or key in problems or not isinstance(mine, TensorStorageMetadata):
+                continue
+            if not (
+                isinstance(mine.chunks, list) and isinstance(getattr(md, "chunks", None), list)
+            ):
+                raise CorruptCheckpointError(
+                    f"per-rank chunk lists of {_text(key)} are malformed", file=referrer
+                )
+            mine.chunks.extend(md.chunks)
         merged.storage_data.update(part.storage_data)
         if isinstance(part.planner_data, dict) and isinstance(merged.planner_data, dict):
             merged.planner_data.update(part.planner_data)
-    return merged
+    return merged, problems
 
 
-def _entries(md: Metadata, storage: Storage, referrer: str) -> list[Entry]:
+def _entries(
+    md: Metadata, problems: dict[str, str], storage: Storage, referrer: str
+) -> list[Entry]:
     planner = md.planner_data if isinstance(md.planner_data, dict) else None
     storage_by_key = _storage_by_key(md.storage_data)
     names = {
@@ -375,6 +402,10 @@ def _entries(md: Metadata, storage: Storage, referrer: str) -> list[Entry]:
                 f"metadata key {_text(key)} is not a string", file=referrer
             )
         where = storage_by_key.get(key, {})
+        kind: Kind = "tensor" if isinstance(item, TensorStorageMetadata) else "object"
+        if key in problems:
+            entries.append(Entry(key, kind, error=problems[key]))
+            continue
         try:
             nested = _nested_path(key, planner)
             if isinstance(item, TensorStorageMetadata):
@@ -384,7 +415,7 @@ def _entries(md: Metadata, storage: Storage, referrer: str) -> list[Entry]:
             else:
                 raise TypeError(f"unknown storage metadata {type(item).__name__}")
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            entries.append(Entry(key, "object", error=f"malformed {source} ({_text(str(exc))})"))
+            entries.append(Entry(key, kind, error=f"malformed {source} ({_text(str(exc))})"))
     return entries
 
 
@@ -404,12 +435,15 @@ def _nested_path(key: str, planner: dict | None) -> tuple:
 
 
 def _storage_by_key(storage_data: dict) -> dict[str, dict[tuple | None, Any]]:
+    """Each key's storage records by chunk offsets (None for an object); records whose
+    index is malformed are left out (their chunks then have no record)."""
     by_key: dict[str, dict[tuple | None, Any]] = {}
     for index, info in storage_data.items():
         fqn = getattr(index, "fqn", None)
         offset = getattr(index, "offset", None)
-        if isinstance(fqn, str) and (offset is None or isinstance(offset, (tuple, list))):
-            by_key.setdefault(fqn, {})[None if offset is None else tuple(offset)] = info
+        dims = None if offset is None else _dims(offset)
+        if isinstance(fqn, str) and (offset is None or dims is not None):
+            by_key.setdefault(fqn, {})[dims] = info
     return by_key
 
 
@@ -417,14 +451,18 @@ def _tensor_entry(key: str, md: Any, nested: tuple, where: dict, sizes: dict, so
     """The entry of a tensor; problems that ``.metadata`` itself shows are named after it."""
     dtype = getattr(getattr(md, "properties", None), "dtype", None)
     name = str(dtype) if isinstance(dtype, DtypeName) and dtypes.is_known(str(dtype)) else None
-    shape = tuple(md.size) if isinstance(md.size, (tuple, list)) else None
-    if name is None or shape is None or not _valid_shape(shape):
-        shown = repr(dtype) if isinstance(dtype, (DtypeName, UnknownDtype)) else _text(dtype)
+    shape = _dims(md.size)
+    if name is None or shape is None or math.prod(shape) >= _MAX_INT:
+        shown = _text(repr(dtype) if isinstance(dtype, (DtypeName, UnknownDtype)) else dtype)
         problem = f"{source} gives an invalid dtype {shown} or shape {_text(md.size)}"
         return Entry(key, "tensor", dtype=name, nested_path=nested, error=problem)
     chunks, problems = [], []
     for chunk in md.chunks if isinstance(md.chunks, list) else []:
-        offsets, csizes = tuple(chunk.offsets), tuple(chunk.sizes)
+        offsets = _dims(getattr(chunk, "offsets", None))
+        csizes = _dims(getattr(chunk, "sizes", None))
+        if offsets is None or csizes is None or not len(offsets) == len(csizes) == len(shape):
+            problems.append(f"{source} gives a chunk malformed offsets or sizes")
+            continue
         info = where.get(offsets)
         if info is None:
             problems.append(f"{source} has no storage record for the chunk at {_text(offsets)}")
@@ -472,32 +510,28 @@ def _chunk(offsets: tuple, sizes: tuple, info: Any) -> ChunkInfo:
     )
 
 
-def _valid_shape(shape: tuple) -> bool:
-    return all(type(n) is int and 0 <= n < 1 << 62 for n in shape) and math.prod(shape) < 1 << 62
+def _dims(value: Any) -> tuple[int, ...] | None:
+    """A shape, offsets or sizes: at most 64 ints in ``[0, 2**62)`` (so any message can
+    print them); None if not."""
+    if not isinstance(value, (tuple, list)) or len(value) > _MAX_DIMS:
+        return None
+    return tuple(value) if all(type(n) is int and 0 <= n < _MAX_INT for n in value) else None
 
 
 def _chunk_problems(chunk: ChunkInfo, sizes: dict, source: str) -> list[str]:
     size = sizes.get(chunk.file, f"bad file name {_text(chunk.file)}")
     if isinstance(size, str):
         return [size]
-    if not (type(chunk.byte_offset) is int and type(chunk.byte_length) is int) or (
-        chunk.byte_offset < 0 or chunk.byte_length < 0
-    ):
+    if _dims((chunk.byte_offset, chunk.byte_length)) is None:  # two plain ints in range
         return [
             f"bad byte range {_text(chunk.byte_offset)}+{_text(chunk.byte_length)} in {chunk.file}"
         ]
-    problems = []
     if chunk.byte_offset + chunk.byte_length > size:
-        problems.append(
+        return [
             f"{chunk.file} has {size} bytes but the chunk at {list(chunk.offsets)} ends at byte "
             f"{chunk.byte_offset + chunk.byte_length} (file truncated?)"
-        )
-    if not all(type(n) is int and 0 <= n < 1 << 62 for n in (*chunk.offsets, *chunk.sizes)):
-        problems.append(
-            f"chunk at offsets {_text(chunk.offsets)} size {_text(chunk.sizes)} "
-            f"is not made of plausible integers (per {source})"
-        )
-    return problems
+        ]
+    return []
 
 
 def _check_items(entries: list[Entry], safetensors: set[str], source: str) -> list[Entry]:

@@ -10,8 +10,10 @@ real byte ranges come from the header.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import io
+import itertools
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -543,22 +545,25 @@ def _nested_path(key: str, planner: dict | None) -> tuple:
 
 def _storage_by_key(storage_data: dict) -> tuple[dict[str, dict[tuple | None, Any]], set[str]]:
     """Storage records by key, then by chunk offsets (None for objects), and the file names
-    they refer to; records whose index is malformed are left out (their chunks then have no
-    record)."""
+    they refer to. Offsets are checked where chunks look them up (only valid ones are looked
+    up); a record whose offsets cannot even be a key is left out (its chunk has no record)."""
     by_key: dict[str, dict[tuple | None, Any]] = {}
     names = set()
     for index, info in storage_data.items():
         fqn = getattr(index, "fqn", None)
         offset = getattr(index, "offset", None)
-        dims = None if offset is None else _dims(offset)
-        if isinstance(fqn, str) and (offset is None or dims is not None):
-            per = by_key.get(fqn)
-            if per is None:
-                per = by_key[fqn] = {}
-            per[dims] = info
-            name = getattr(info, "relative_path", None)
-            if isinstance(name, str):
-                names.add(name)
+        if not isinstance(fqn, str):
+            continue
+        per = by_key.get(fqn)
+        if per is None:
+            per = by_key[fqn] = {}
+        try:
+            per[None if offset is None else tuple(offset)] = info
+        except TypeError:  # not a sequence, or holding unhashable values
+            continue
+        name = getattr(info, "relative_path", None)
+        if isinstance(name, str):
+            names.add(name)
     return by_key, names
 
 
@@ -571,14 +576,13 @@ def _tensor_entry(key: str, md: Any, nested: tuple, where: dict, sizes: dict, so
         shown = _text(repr(dtype) if isinstance(dtype, (DtypeName, UnknownDtype)) else dtype)
         problem = f"{source} gives an invalid dtype {shown} or shape {_text(md.size)}"
         return Entry(key, "tensor", dtype=name, nested_path=nested, error=problem)
+    boxes = _boxes(md.chunks if isinstance(md.chunks, list) else [], len(shape))
+    if boxes is None:
+        problem = f"{source} gives a chunk malformed offsets or sizes"
+        return Entry(key, "tensor", dtype=name, shape=shape, nested_path=nested, error=problem)
     chunks = []
     error = None
-    for chunk in md.chunks if isinstance(md.chunks, list) else []:
-        offsets = _dims(getattr(chunk, "offsets", None))
-        csizes = _dims(getattr(chunk, "sizes", None))
-        if offsets is None or csizes is None or not len(offsets) == len(csizes) == len(shape):
-            error = error or f"{source} gives a chunk malformed offsets or sizes"
-            continue
+    for offsets, csizes in boxes:
         info = where.get(offsets)
         if info is None:
             error = error or f"{source} has no storage record for the chunk at {_text(offsets)}"
@@ -632,21 +636,37 @@ def _chunk(offsets: tuple, sizes: tuple, info: Any) -> ChunkInfo:
 _new_chunk = tuple.__new__
 
 
+def _boxes(chunks: list, ndim: int) -> list[tuple[tuple, tuple]] | None:
+    """Each chunk record's (offsets, sizes): ``ndim`` ints in ``[0, 2**62)`` each; None when
+    any is not. The ints are checked all at once (an int64 array), not one by one."""
+    boxes = []
+    for chunk in chunks:
+        offsets, sizes = getattr(chunk, "offsets", None), getattr(chunk, "sizes", None)
+        if not (
+            isinstance(offsets, (tuple, list))
+            and isinstance(sizes, (tuple, list))
+            and len(offsets) == len(sizes) == ndim
+        ):
+            return None
+        boxes.append((tuple(offsets), tuple(sizes)))
+    try:
+        numbers = array.array("q", itertools.chain.from_iterable(itertools.chain(*boxes)))
+    except (TypeError, OverflowError):  # not ints, or past int64
+        return None
+    if numbers and (min(numbers) < 0 or max(numbers) >= _MAX_INT):
+        return None
+    return boxes
+
+
 def _dims(value: Any) -> tuple[int, ...] | None:
     """A shape, offsets or sizes: at most 64 ints in ``[0, 2**62)`` (so any message can
     print them); None if not."""
     if not isinstance(value, (tuple, list)) or len(value) > _MAX_DIMS:
         return None
-    dims = tuple(value)
-    return dims if _plausible(dims) else None
-
-
-def _plausible(numbers: tuple) -> bool:
-    """Every element a non-negative int below 2**62."""
-    for n in numbers:  # noqa: SIM110  (twice as fast as all() over a generator on short tuples)
-        if not (type(n) is int and 0 <= n < _MAX_INT):
-            return False
-    return True
+    for n in value:  # a loop, not all(...): this runs for every chunk of every key
+        if type(n) is not int or n < 0 or n >= _MAX_INT:
+            return None
+    return tuple(value)
 
 
 def _chunk_problem(chunk: ChunkInfo, sizes: dict, source: str) -> str | None:

@@ -130,6 +130,9 @@ _DANGEROUS_TORCH = (
     "torch.cuda",
 )
 _MAX_BUILTIN_BYTES = 1 << 26
+# Copies this short (torch.Size of a chunk's offsets, once per chunk) are not charged: each
+# call takes at least 4 bytes of pickle, so together they build at most twice its size.
+_UNCHARGED_COPY = 8
 _MAX_DIMS = 64
 _MAX_INT = 1 << 62  # beyond any genuine size, offset or stride (and small enough to print)
 
@@ -140,16 +143,16 @@ def _encoded_size(text: str, encoding: Any) -> int:
     return len(text) * (1 if latin else 4)
 
 
-def _copying(kind: type) -> Callable[..., Any]:
-    """``kind(iterable)`` (``list``, ``set``, ``dict``, ...), charged by the length of
-    what it copies."""
+class _Copying(Allowed):
+    """``kind(iterable)`` (``list``, ``set``, ``dict``, ...), charged by the length of what it
+    copies (one call frame: ``torch.Size`` is called for every chunk of a ``.metadata``)."""
 
-    def build(*args: Any) -> Any:
-        if args:
-            budget.charge(len(args[0]), f"{kind.__name__}() of a memoised value")
-        return kind(*args)
+    __slots__ = ()
 
-    return build
+    def __call__(self, *args: Any) -> Any:
+        if args and len(args[0]) > _UNCHARGED_COPY:
+            budget.charge(len(args[0]), f"{self.name}() of a memoised value")
+        return self._fn(*args)
 
 
 def _sized(kind: type) -> Callable[..., Any]:
@@ -180,11 +183,11 @@ def _text(value: Any = "") -> str:
     return str(value)
 
 
-_TUPLE = Allowed(_copying(tuple), "builtins.tuple")
+_TUPLE = _Copying(tuple, "builtins.tuple")
 _TEXT = Allowed(_text, "builtins.str")
 _SAFE_BUILTINS: dict[str, Any] = {
-    "set": Allowed(_copying(set), "builtins.set"),
-    "frozenset": Allowed(_copying(frozenset), "builtins.frozenset"),
+    "set": _Copying(set, "builtins.set"),
+    "frozenset": _Copying(frozenset, "builtins.frozenset"),
     "bytearray": Allowed(_sized(bytearray), "builtins.bytearray"),
     "complex": complex,
     "slice": slice,
@@ -193,8 +196,8 @@ _SAFE_BUILTINS: dict[str, Any] = {
     "str": _TEXT,
     "bytes": Allowed(_sized(bytes), "builtins.bytes"),
     "bool": bool,
-    "list": Allowed(_copying(list), "builtins.list"),
-    "dict": Allowed(_copying(dict), "builtins.dict"),
+    "list": _Copying(list, "builtins.list"),
+    "dict": _Copying(dict, "builtins.dict"),
     "tuple": _TUPLE,
     "object": object,
 }
@@ -460,7 +463,7 @@ def _allowed(module: str, functions: dict[str, Callable[..., Any]]) -> dict[tupl
 
 
 _DATA_GLOBALS: dict[tuple[str, str], Any] = {
-    ("collections", "OrderedDict"): Allowed(_copying(OrderedDict), "collections.OrderedDict"),
+    ("collections", "OrderedDict"): _Copying(OrderedDict, "collections.OrderedDict"),
     ("collections", "defaultdict"): Allowed(_defaultdict, "collections.defaultdict"),
     ("_io", "BytesIO"): io.BytesIO,
     ("io", "BytesIO"): io.BytesIO,

@@ -13,6 +13,7 @@ bar, and stop at the next tensor once another worker failed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import multiprocessing
 import os
 import queue
@@ -88,10 +89,15 @@ class Workers:
     def run(self, plan: Plan, shares: Sequence[Sequence[Task]], meter: Meter) -> list[Done]:
         self._abort.clear()
         futures = [self._pool.submit(_share, plan, share) for share in shares if share]
-        while not all(f.done() for f in futures):
-            self._drain(meter, timeout=0.1)
-            if any(f.done() and f.exception() is not None for f in futures):
-                self._abort.set()
+        try:
+            while not all(f.done() for f in futures):
+                self._drain(meter, timeout=0.1)
+                if any(f.done() and f.exception() is not None for f in futures):
+                    self._abort.set()
+        except BaseException:  # an interrupt: the workers stop before the temps are removed
+            self._abort.set()
+            concurrent.futures.wait(futures)
+            raise
         self._drain(meter, timeout=0.05)  # the last reports may trail the results
         error = _first_error(futures)
         if error is not None:

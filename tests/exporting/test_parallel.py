@@ -187,3 +187,14 @@ def test_model_folder_formats_say_why_they_use_one_process(demo_dir: Path, tmp_p
         inspector.export(demo_dir / "flat", tmp_path / "hf", format="hf", workers=2)
     with pytest.raises(inspector.errors.UsageError, match="at least 1"):
         inspector.export(demo_dir / "flat", tmp_path / "x", workers=0, progress=False)
+
+
+def test_cli_workers(demo_dir: Path, tmp_path: Path, references: dict[str, dict]) -> None:
+    from tests.ui.test_cli import cli
+
+    out = tmp_path / "sharded"
+    done = cli("export", str(demo_dir / "flat"), str(out), "--max-shard-size", "100KB",
+               "--workers", "2")
+    assert done.returncode == 0, done.stderr
+    assert "verified 21 tensors bit-exact" in done.stdout
+    assert tree_bytes(out) == references["sharded"]

@@ -21,10 +21,22 @@ class InspectorError(Exception):
         prefix = ": ".join(w for w in where if w)
         super().__init__(f"{prefix}: {message}" if prefix else message)
 
+    def __reduce__(self) -> tuple:
+        """Pickle by state, so an error raised in a worker process arrives whole (file, key,
+        reason and any subclass fields), not re-built from its formatted message."""
+        return _restored, (type(self), self.args, self.__dict__.copy())
+
     @property
     def located(self) -> str:
         """The reason, after the name of the file it is about (how an entry records it)."""
         return f"{os.path.basename(self.file)}: {self.reason}" if self.file else self.reason
+
+
+def _restored(cls: type[InspectorError], args: tuple, state: dict) -> InspectorError:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class NotACheckpointError(InspectorError):

@@ -22,9 +22,16 @@ def export_model_folder(
     *,
     naming: str | None,
     max_shard_size: int | str,
+    workers: int = 1,
+    distributed: bool = False,
     **kw: Any,
 ) -> ExportResult:
     """Export ``ck`` as ``format``; ``changed``: which tensor-export options the caller set."""
+    if workers > 1 or distributed:
+        raise UsageError(
+            f"format={format!r} is written by one process (its plan needs the whole model's "
+            "config and tied-weight check first); use workers with safetensors or pt"
+        )
     names = [name for name, was_changed in changed.items() if was_changed]
     if names:
         raise UsageError(

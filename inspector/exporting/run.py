@@ -21,6 +21,7 @@ from inspector.errors import ExportError, InspectorError, UsageError
 from inspector.exporting import plan
 from inspector.exporting import verify as checking
 from inspector.exporting.plan import INDEX_NAME, Planned, Rename
+from inspector.exporting.shares import SourceRef, TensorPlan
 from inspector.exporting.verify import Verification
 from inspector.formats.safetensors import safetensors_dtype, write_safetensors
 from inspector.formats.writing import Item
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     import torch
 
     from inspector.checkpoint import Checkpoint
+    from inspector.exporting.workers import Engine
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,8 @@ def export(
     on_progress: Callable[[Progress], None] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     target_options: Mapping[str, Any] | None = None,
+    workers: int = 1,
+    distributed: bool = False,
 ) -> ExportResult:
     """Write the checkpoint's tensors (model only by default) as safetensors or ``.pt``.
 
@@ -151,11 +155,19 @@ def export(
     ("torchtitan": 0.3, "torchtitan-2025": July 2025), for torchtitan's initial_load_path.
     Left-out keys (training state, a tied head, torchtitan-only buffers) and why are in
     ``skipped``, the architecture and why in ``arch`` and ``reason``.
+
+    ``workers``: processes that write the plan (started with "spawn": call from under
+    ``if __name__ == "__main__":`` in a script); the output is byte-identical to
+    ``workers=1``. ``distributed``: this process is one torchrun rank and every rank runs
+    this same call (``ckpt-inspect export`` sets it under torchrun); each writes its share,
+    rank 0 the index (see :mod:`inspector.exporting.parallel`).
     """
     from inspector.checkpoint import as_checkpoint
 
     plan.check_choice("format", format, plan.EXPORT_FORMATS)
     plan.check_choice("on_error", on_error, plan.ON_ERROR)
+    if workers < 1:
+        raise UsageError(f"workers must be at least 1, got {workers}")
     if is_url(out):
         from inspector.exporting.remote_target import export_to_url
 
@@ -168,8 +180,12 @@ def export(
                 rename=rename, arch=arch, naming=naming, hf_config=hf_config,
                 hf_assets=hf_assets, max_shard_size=max_shard_size, overwrite=True,
                 verify=verify, on_error=on_error, progress=progress, on_progress=on_progress,
+                workers=workers,
             )
 
+        if distributed:
+            raise UsageError("a URL output is written by one process or by workers, not by "
+                             "torchrun ranks yet; write to a shared folder, then upload")
         options = storage_options if target_options is None else target_options
         return export_to_url(ck, str(out), options, overwrite, write_locally)
     if format in plan.MODEL_FOLDER_FORMATS:
@@ -200,6 +216,8 @@ def export(
             verify=verify,
             progress=progress,
             on_progress=on_progress,
+            workers=workers,
+            distributed=distributed,
         )
     given = {"arch": arch, "naming": naming, "hf_config": hf_config, "hf_assets": hf_assets}
     if any(v is not None for v in given.values()):
@@ -212,16 +230,26 @@ def export(
     ck = as_checkpoint(ck_or_path, storage_options)
     out = Path(out).expanduser()
     refuse_inside_source(ck, out)
-    selected, skipped = plan.select(ck, model_only, include, exclude, on_error, format != "pt")
-    tensor_keys = [k for k in selected if ck.entry(k).kind == "tensor"]
-    found, consumed = plan.outputs(ck, tensor_keys, fp8, cast, on_error)
-    skipped |= consumed
-    planned = plan.name_outputs(ck, found, cast, flatten, rename)
-    objects = [k for k in selected if ck.entry(k).kind == "object"]
+    spec = TensorPlan(
+        SourceRef.of(ck), model_only, _tuple(include), _tuple(exclude), fp8, cast, flatten,
+        rename, on_error, format != "pt",
+    )
+    planned, skipped, objects = spec.make(ck)
+    engine = None
+    if workers > 1 or distributed:
+        from inspector.exporting.parallel import engine as start
+
+        engine = start(workers, distributed, planned, spec)
+        progress = progress and getattr(engine, "rank", 0) == 0
     meter = Meter(sum(p.item.nbytes for p in planned), progress, on_progress)
     before = checking.SourceState(ck)
     try:
-        if format == "safetensors":
+        if engine is not None:
+            files, index, written_objects, crcs = _write_parallel(
+                engine, spec, ck, out, format, planned, objects, nested, max_shard_size,
+                overwrite, on_error, skipped, meter, verify,
+            )
+        elif format == "safetensors":
             metadata = _metadata(ck, fp8, cast)
             files, index, crcs = _write_safetensors(
                 out, planned, metadata, max_shard_size, overwrite, on_error, skipped, meter, verify
@@ -232,6 +260,10 @@ def export(
                 ck, out, planned, objects, nested, overwrite, on_error, skipped, meter
             )
             index = None
+    except BaseException:
+        if engine is not None:
+            engine.close()
+        raise
     finally:
         meter.close()
     kept = [p for p in planned if p.item.name in crcs]
@@ -240,9 +272,20 @@ def export(
         checker = Meter(sum(p.item.nbytes for p in kept), progress, on_progress, "verify")
         try:
             target = files[0] if index is None else index
-            verification = checking.verify(target, kept, nested, checker, crcs, before)
+            if engine is not None:
+                from inspector.exporting import parallel
+
+                verification = parallel.verify(
+                    engine, spec, target, kept, nested, checker, crcs, before
+                )
+            else:
+                verification = checking.verify(target, kept, nested, checker, crcs, before)
         finally:
             checker.close()
+            if engine is not None:
+                engine.close()
+    elif engine is not None:
+        engine.close()
     return ExportResult(
         format=format,
         files=files,
@@ -256,6 +299,62 @@ def export(
         seconds=time.perf_counter() - started,
         verification=verification,
     )
+
+
+def _tuple(patterns: Iterable[str] | None) -> tuple[str, ...] | None:
+    return None if patterns is None else tuple(patterns)
+
+
+def _write_parallel(
+    engine: Engine,
+    spec: TensorPlan,
+    ck: Checkpoint,
+    out: Path,
+    format: str,
+    planned: list[Planned],
+    objects: list[str],
+    nested: bool,
+    max_shard_size: int | str,
+    overwrite: bool,
+    on_error: str,
+    skipped: dict[str, str],
+    meter: Meter,
+    checksums: bool,
+) -> tuple[list[Path], Path | None, int, dict[str, int]]:
+    """:func:`_write_safetensors` / :func:`_write_pt`, by the engine's processes."""
+    from inspector.exporting import parallel
+
+    items = [keyed(p) for p in planned]
+    if format == "safetensors":
+        single_file = out.suffix == ".safetensors"
+        limit = plan.parse_size(max_shard_size)
+        shards = len(plan.plan_shards(items, limit))
+        if single_file and shards > 1:
+            raise ExportError(
+                f"needs {shards} shards of at most {max_shard_size}; "
+                "give a folder instead of a .safetensors file",
+                file=out,
+            )
+        for item in items:
+            safetensors_dtype(item.dtype, item.name)
+        folder = out.parent if single_file else out
+        name = out.name if single_file else plan.shard_names(1)[0]
+        files, index, crcs = parallel.write_safetensors(
+            engine, spec, folder, name, items, _metadata(ck, spec.fp8, spec.cast), limit,
+            overwrite, on_error, skipped, meter, checksums,
+        )
+        return files, index, 0, crcs
+    values = _pt_objects(ck, objects, on_error, skipped)
+
+    def structure(items: list[Item]) -> dict[Any, Any]:
+        names = {i.name for i in items}
+        return _pt_structure(ck, [p for p in planned if p.item.name in names], items, values,
+                             nested)
+
+    files, crcs = parallel.write_pt(
+        engine, spec, out, structure, items, overwrite, on_error, skipped, meter
+    )
+    return files, None, len(values), crcs
 
 
 def refuse_inside_source(ck: Checkpoint, out: Path) -> None:
@@ -299,18 +398,22 @@ class Meter:
             self.bar = tqdm(total=total, unit="B", unit_scale=True, desc=phase)
 
     def __call__(self, item: Item) -> None:
-        self.done += item.nbytes
+        self.advance(item.name, item.nbytes)
+
+    def advance(self, name: str, nbytes: int) -> None:
+        """``nbytes`` more done, the last of them ``name``'s (also from worker processes)."""
+        self.done += nbytes
         if self.bar is not None:
-            self.bar.update(item.nbytes)
+            self.bar.update(nbytes)
         if self.callback is not None:
-            self.callback(Progress(self.phase, self.done, self.total, item.name))
+            self.callback(Progress(self.phase, self.done, self.total, name))
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
-def _retrying(
+def retrying(
     write: Callable[[list[Item]], None], items: list[Item], on_error: str, skipped: dict[str, str]
 ) -> list[Item]:
     """Write ``items``; in skip mode an item that fails to read is dropped and the file redone.
@@ -343,7 +446,7 @@ def _write_safetensors(
     """The shards and index; each written item's CRC-32 by name (0 without ``checksums``)."""
     single_file = out.suffix == ".safetensors"
     folder = out.parent if single_file else out
-    items = [_keyed(p) for p in planned]
+    items = [keyed(p) for p in planned]
     shards = plan.plan_shards(items, plan.parse_size(max_shard_size))
     if single_file and len(shards) > 1:
         raise ExportError(
@@ -364,7 +467,7 @@ def _write_safetensors(
             def write(items: list[Item], temp: Path = temp) -> None:
                 crcs.update(write_safetensors(temp, items, metadata, meter, checksums=checksums))
 
-            done = _retrying(write, shard, on_error, skipped)
+            done = retrying(write, shard, on_error, skipped)
             weight_map |= {i.name: name for i in done}
         index = None
         if len(shards) > 1:
@@ -376,7 +479,7 @@ def _write_safetensors(
     return [p for p in written if p != index], index, {k: crcs.get(k, 0) for k in weight_map}
 
 
-def _keyed(planned: Planned) -> Item:
+def keyed(planned: Planned) -> Item:
     """The Item, with read errors re-labelled by the output name (for skip-and-retry)."""
     item = planned.item
 
@@ -435,7 +538,32 @@ def _write_pt(
     skipped: dict[str, str],
     meter: Meter,
 ) -> tuple[list[Path], int, dict[str, int]]:
-    from inspector.formats.torch_save.writer import weights_only_problem, write_torch_save
+    from inspector.formats.torch_save.writer import write_torch_save
+
+    values = _pt_objects(ck, objects, on_error, skipped)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    crcs: dict[str, int] = {}
+    with atomic_files(out.parent, overwrite) as files:
+        temp = files.temp_for(out)
+
+        def write(items: list[Item]) -> None:
+            names = {i.name for i in items}
+            kept = [p for p in planned if p.item.name in names]
+            crcs.clear()
+            crcs.update(
+                write_torch_save(temp, _pt_structure(ck, kept, items, values, nested), meter)
+            )
+
+        retrying(write, [keyed(p) for p in planned], on_error, skipped)
+        written = files.commit()
+    return written, len(values), crcs
+
+
+def _pt_objects(
+    ck: Checkpoint, objects: list[str], on_error: str, skipped: dict[str, str]
+) -> dict[str, Any]:
+    """The non-tensor values a .pt keeps (those torch.load(weights_only=True) can read)."""
+    from inspector.formats.torch_save.writer import weights_only_problem
 
     values = {}
     for key in objects:
@@ -451,22 +579,7 @@ def _write_pt(
             skipped[key] = f"not loadable with torch.load(weights_only=True): {problem}"
         else:
             values[key] = value
-    out.parent.mkdir(parents=True, exist_ok=True)
-    crcs: dict[str, int] = {}
-    with atomic_files(out.parent, overwrite) as files:
-        temp = files.temp_for(out)
-
-        def write(items: list[Item]) -> None:
-            names = {i.name for i in items}
-            kept = [p for p in planned if p.item.name in names]
-            crcs.clear()
-            crcs.update(
-                write_torch_save(temp, _pt_structure(ck, kept, items, values, nested), meter)
-            )
-
-        _retrying(write, [_keyed(p) for p in planned], on_error, skipped)
-        written = files.commit()
-    return written, len(values), crcs
+    return values
 
 
 def _pt_structure(

@@ -24,7 +24,7 @@ What each comparison proves:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,21 +83,35 @@ def verify(
 ) -> Verification:
     """Re-open ``path`` and compare each planned tensor's bytes with the CRC-32 they were
     written with (``progress`` per tensor); re-check against the source if it changed."""
+    started = time.perf_counter()
+    reasons = problems(path, planned, nested, progress, crcs, before.changed())
+    return Verification(len(planned), tuple(reasons), time.perf_counter() - started, reasons)
+
+
+def problems(
+    path: Path | str,
+    planned: Sequence[Planned],
+    nested: bool,
+    progress: Callable[[Item], None],
+    crcs: Mapping[str, int],
+    changed: Sequence[str],
+) -> dict[str, str]:
+    """Why each of the ``planned`` tensors of the output ``path`` differs (the tensors that
+    do not), checked against the source too when source files ``changed``; one share of a
+    verification split across processes."""
     from inspector.checkpoint import open as open_checkpoint
 
-    started = time.perf_counter()
     written = open_checkpoint(path)
-    changed = before.changed()
     reasons = {}
     for p in planned:
         key = ".".join(map(str, p.path)) if nested else p.item.name
         reason = _written_problem(written, key, p.item, crcs[p.item.name])
         if reason is None and changed:
-            reason = _source_problem(p.item, crcs[p.item.name], changed)
+            reason = _source_problem(p.item, crcs[p.item.name], list(changed))
         if reason is not None:
             reasons[p.item.name] = reason
         progress(p.item)
-    return Verification(len(planned), tuple(reasons), time.perf_counter() - started, reasons)
+    return reasons
 
 
 def _written_problem(written: Checkpoint, key: str, item: Item, crc: int) -> str | None:

@@ -248,8 +248,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         progress=sys.stderr.isatty(),
         storage_options=args.storage_options,
         target_options=args.target_options,
+        workers=args.workers,
+        distributed=int(os.environ.get("WORLD_SIZE", "1")) > 1,  # under torchrun
     )
-    print(result.summary())
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(result.summary())
     return 0 if result.verification is None or result.verification.ok else 1
 
 
@@ -487,6 +490,14 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--overwrite", action="store_true", help="replace existing output")
     exp.add_argument("--no-verify", action="store_true", help="skip re-reading the output")
     exp.add_argument("--skip-unreadable", action="store_true", help="leave damaged keys out")
+    exp.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes writing the export (same bytes as 1); under torchrun each rank "
+        "writes its share",
+    )
     exp.set_defaults(func=cmd_export)
     return parser
 

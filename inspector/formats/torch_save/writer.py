@@ -59,6 +59,40 @@ def append_archive(
     into a stream (DCP's ``.distcp`` files are such archives back to back). Returns its length
     and each item's CRC-32 by name.
     """
+    start = f.seek(0, os.SEEK_END)
+    items, records, sink = _write_archive(f, structure, _Sink(f, progress))
+    filled = dict(zip(sink.items, sink.crcs, strict=True))
+    _set_crcs(f, {records[name]: crc for name, crc in filled.items()})
+    crcs = {item.name: 0 for item in items} | filled
+    return f.seek(0, os.SEEK_END) - start, crcs
+
+
+def reserve_torch_save(path: Path, structure: Any) -> dict[str, int]:
+    """Write the torch.save archive of ``structure`` with every tensor's bytes left as a
+    hole, so other processes can fill them (:func:`write_item` at the offset) in any order;
+    returns each item's offset in the file by name (items of no bytes have none). Set the
+    records' CRC-32s afterwards with :func:`set_torch_save_crcs`."""
+    with open(path, "w+b", buffering=0) as f:
+        sink = _Reserving(f)
+        _write_archive(f, structure, sink)
+        os.fsync(f.fileno())
+    return dict(zip(sink.items, sink.offsets, strict=True))
+
+
+def set_torch_save_crcs(path: Path, structure: Any, crcs: dict[str, int]) -> None:
+    """Store each item's CRC-32 (by item name) in the records of the archive ``path`` that
+    :func:`reserve_torch_save` wrote for the same ``structure``."""
+    records = {item.name: f"data/{i}" for i, item in enumerate(_items_in(structure))}
+    with open(path, "r+b", buffering=0) as f:
+        _set_crcs(f, {records[name]: crc for name, crc in crcs.items() if name in records})
+        os.fsync(f.fileno())
+
+
+def _write_archive(
+    f: BinaryIO, structure: Any, sink: _Sink
+) -> tuple[list[Item], dict[str, str], _Sink]:
+    """Lay out the archive of ``structure`` through ``sink`` (which fills or reserves each
+    storage record); returns the items, each item's record name, and the sink."""
     items = list(_items_in(structure))
     storages = [_Storage(str(i), item.dtype, math.prod(item.shape)) for i, item in enumerate(items)]
     by_id = {id(item): storage for item, storage in zip(items, storages, strict=True)}
@@ -66,9 +100,8 @@ def append_archive(
     _ArchivePickler(buffer, protocol=2).dump(
         _replace_leaves(structure, lambda item: _TensorReduction(item, by_id[id(item)]))
     )
-    start = f.seek(0, os.SEEK_END)
-    with _DeferredInterrupt() as interrupt:
-        sink = _Sink(f, [item for item in items if item.nbytes], progress, interrupt)
+    sink.pending = [item for item in items if item.nbytes]
+    with _DeferredInterrupt() as sink.interrupt:
         writer = torch._C.PyTorchFileWriter(sink)  # type: ignore[call-overload]  # a file-like
         try:
             for item, storage in zip(items, storages, strict=True):
@@ -85,10 +118,7 @@ def append_archive(
             del writer  # an unfinished writer finishes the archive here, into the sink
     if sink.error is not None:
         raise sink.error
-    filled = list(zip(sink.items, sink.crcs, strict=True))
-    _set_crcs(f, {f"data/{by_id[id(item)].key}": crc for item, crc in filled})
-    crcs = {item.name: 0 for item in items} | {item.name: crc for item, crc in filled}
-    return f.seek(0, os.SEEK_END) - start, crcs
+    return items, {item.name: f"data/{by_id[id(item)].key}" for item in items}, sink
 
 
 class _DeferredInterrupt:
@@ -133,16 +163,13 @@ class _Sink:
     aborts the whole process. After a failure or an interrupt nothing more is written.
     """
 
-    def __init__(
-        self,
-        f: BinaryIO,
-        items: list[Item],
-        progress: Callable[[Item], None],
-        interrupt: _DeferredInterrupt,
-    ) -> None:
-        self.f, self.items, self.progress, self.interrupt = f, items, progress, interrupt
+    def __init__(self, f: BinaryIO, progress: Callable[[Item], None] | None = None) -> None:
+        self.f, self.progress = f, progress
+        self.pending: list[Item] = []  # the items of bytes, in record order
+        self.interrupt = _DeferredInterrupt()  # replaced by the one active while writing
         self.error: BaseException | None = None
-        self.crcs: list[int] = []  # of the items filled so far, in order
+        self.items: list[str] = []  # the names of the items filled (or reserved) so far
+        self.crcs: list[int] = []
 
     @property
     def stopped(self) -> bool:
@@ -161,22 +188,39 @@ class _Sink:
         if self.stopped:
             return 0
         try:
-            if whence == os.SEEK_CUR and offset > 0 and len(self.crcs) < len(self.items):
-                item = self.items[len(self.crcs)]
+            if whence == os.SEEK_CUR and offset > 0 and len(self.items) < len(self.pending):
+                item = self.pending[len(self.items)]
                 if offset != item.nbytes:
                     raise ExportError(
                         f"zip writer reserved {offset} bytes for {item.nbytes}", key=item.name
                     )
-                self.crcs.append(write_item(self.f.fileno(), item, crc=True))
-                self.progress(item)
+                self.fill(item)
+                self.items.append(item.name)
                 return self.f.tell()
             return self.f.seek(offset, whence)
         except BaseException as exc:
             self.error = exc
             return 0
 
+    def fill(self, item: Item) -> None:
+        self.crcs.append(write_item(self.f.fileno(), item, crc=True))
+        if self.progress is not None:
+            self.progress(item)
+
     def flush(self) -> None:
         """Nothing is buffered."""
+
+
+class _Reserving(_Sink):
+    """A sink that leaves each record's bytes as a hole and notes where it starts."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        super().__init__(f)
+        self.offsets: list[int] = []
+
+    def fill(self, item: Item) -> None:
+        self.offsets.append(self.f.tell())
+        self.f.seek(item.nbytes, os.SEEK_CUR)
 
 
 def _set_crcs(f: BinaryIO, crcs: dict[str, int]) -> None:

@@ -2,11 +2,16 @@
 
 :class:`ExportOptions` turns them into :func:`inspector.export` arguments, including a
 key rename taken from the FQN doctor's best rewrite (:meth:`ExportOptions.use_rewrite`).
+Settings the exporter does not take yet are refused, never dropped: ``workers`` is passed
+only when ``export`` has that parameter (:func:`accepts`), an output URL only once
+``URL_TARGETS`` says exports write to URLs.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +30,20 @@ if TYPE_CHECKING:
 
 PT_SUFFIXES = (".pt", ".pth", ".bin")
 PT_FILE = "model.pt"
+# Whether ``inspector.export`` writes to URLs (s3://, gs://, ...): the remote-storage work
+# turns this on together with the exporter's support for remote targets.
+URL_TARGETS = False
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def accepts(parameter: str) -> bool:
+    """Whether :func:`inspector.export` takes ``parameter`` (e.g. ``workers``)."""
+    return parameter in inspect.signature(export).parameters
+
+
+def is_url(text: str) -> bool:
+    """``scheme://...``: a remote location rather than a local path."""
+    return _URL.match(text.strip()) is not None
 
 
 def default_out(ck: Checkpoint, folder: str | os.PathLike = "exports") -> Path:
@@ -55,9 +74,14 @@ class ExportOptions:
     rename_source: str | None = None
     arch: str = "auto"
     hf_assets: str | None = None
+    hf_config: str | None = None
+    workers: int = 1
 
-    def target(self) -> Path:
-        """The path handed to the exporter: a .pt file for pt, the folder (or file) otherwise."""
+    def target(self) -> Path | str:
+        """What the exporter writes to: a .pt file for pt, the folder (or file) otherwise; a
+        URL as it is."""
+        if is_url(self.out):
+            return self.out.strip()
         out = Path(self.out).expanduser()
         if self.format == "pt" and out.suffix not in PT_SUFFIXES:
             return out / PT_FILE
@@ -67,6 +91,11 @@ class ExportOptions:
         """Keyword arguments of :func:`inspector.export` (besides the checkpoint and target)."""
         if not str(self.out).strip():
             raise InspectorError("no output folder given")
+        if is_url(self.out) and not URL_TARGETS:
+            raise InspectorError(
+                f"cannot export to {self.out.strip()}: writing to URLs comes with remote "
+                "storage support; export to a local folder and upload it"
+            )
         check_choice("format", self.format, EXPORT_FORMATS)
         check_choice("FP8 handling", self.fp8, FP8_MODES)
         try:
@@ -80,14 +109,31 @@ class ExportOptions:
             "max_shard_size": self.max_shard_size,
             "overwrite": self.overwrite,
             "verify": self.verify,
-        }
+        } | self._workers()
         if self.format == "hf":
-            return common | {"arch": self.arch, "hf_assets": (self.hf_assets or "").strip() or None}
+            return common | {
+                "arch": self.arch,
+                "hf_assets": (self.hf_assets or "").strip() or None,
+                "hf_config": (self.hf_config or "").strip() or None,
+            }
         return common | {
             "model_only": self.model_only,
             "flatten": self.flatten,
             "rename": self.rename,
         }
+
+    def _workers(self) -> dict[str, int]:
+        """``{"workers": n}`` when the exporter takes it; none when 1 (the default)."""
+        if self.workers < 1:
+            raise InspectorError(f"workers must be at least 1, not {self.workers}")
+        if self.workers == 1:
+            return {}
+        if not accepts("workers"):
+            raise InspectorError(
+                f"this version of inspector.export writes with one process: workers="
+                f"{self.workers} is not available yet"
+            )
+        return {"workers": self.workers}
 
     def run(
         self, ck: Checkpoint, on_progress: Callable[[Progress], None] | None = None
@@ -127,3 +173,19 @@ def rewrite_rename(ck: Checkpoint, report: KeyReport) -> dict[str, str]:
             f"the FQN check was about {report.checkpoint}, not this checkpoint", file=ck.location
         )
     return renamed
+
+
+def arch_auto(ck: Checkpoint, fp8: str = "dequantize") -> tuple[bool, str]:
+    """What ``arch="auto"`` decides for an hf export of ``ck`` and why, or (False, why no
+    architecture is decided): the exporter's own detection, before anything is written."""
+    from inspector.exporting import hf
+    from inspector.exporting.model_weights import ADAPTED_FP8_MODES, ModelWeights
+
+    mode = fp8 if fp8 in ADAPTED_FP8_MODES else ADAPTED_FP8_MODES[0]
+    try:
+        found = hf.detect(ModelWeights(ck, mode, None).metas())
+    except InspectorError as exc:
+        return False, exc.reason
+    if found.naming == "hf":
+        return False, f"these keys already have HF names ({found.reason})"
+    return True, found.reason

@@ -1,4 +1,5 @@
-"""``Inspector``: the whole app in one widget (header, keys and tensor, FQN check, export)."""
+"""``Inspector``: the whole app in one widget (header of findings; keys and tensor, compare,
+audit, FQN check and export tabs)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,19 @@ import ipywidgets as w
 import inspector
 from inspector.analysis.fqn import KeyReport
 from inspector.checkpoint import Checkpoint
+from inspector.formats.base import Step
+from inspector.ui.views.findings import Findings
+from inspector.ui.widgets.audit import AuditPanel
+from inspector.ui.widgets.compare import ComparePanel
 from inspector.ui.widgets.doctor import DoctorPanel
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.export import ExportPanel
-from inspector.ui.widgets.header import Header
+from inspector.ui.widgets.header import Header, HeaderActions
 from inspector.ui.widgets.markup import STYLE, note
 from inspector.ui.widgets.tensor import TensorPanel
 from inspector.ui.widgets.tree import TreePanel
 
-TABS = ("Keys", "FQN check", "Export")
+TABS = ("Keys", "Compare", "Audit", "FQN check", "Export")
 
 
 def close_all(widget: w.Widget) -> None:
@@ -32,12 +37,15 @@ class Inspector(w.VBox):
     """``display(inspector.Inspector(path))``: browse, diagnose and export one checkpoint.
 
     A path that cannot be opened shows why inside the app; type another and press Open.
-    The panels (``header``, ``tree``, ``tensor``, ``doctor``, ``export``) exist once a
-    checkpoint is open; ``ck`` is the opened :class:`~inspector.checkpoint.Checkpoint`.
+    The panels (``header``, ``tree``, ``tensor``, ``compare``, ``audit``, ``doctor``,
+    ``export``) exist once a checkpoint is open; ``ck`` is the opened
+    :class:`~inspector.checkpoint.Checkpoint`. The header's findings arrive from a worker
+    thread moments after the first view (``app.header.wait()`` blocks until they are in).
     """
 
     def __init__(self, path_or_ck: str | os.PathLike | Checkpoint) -> None:
         self.ck: Checkpoint | None = None
+        self.run_steps: tuple[Step, ...] = ()  # a run root's steps, kept while one is open
         self.errors = ErrorBox()
         is_ck = isinstance(path_or_ck, Checkpoint)
         self.path = w.Text(
@@ -64,9 +72,21 @@ class Inspector(w.VBox):
 
     def load(self) -> None:
         """Open the checkpoint at the path box's value and show it."""
-        self._replace_body([w.HTML(note(f"opening {self.path.value} ..."))])
+        self.run_steps = ()
+        self._open(self.path.value.strip())
+
+    def open_step(self, step: Step) -> None:
+        """Open another saved step of the run the path box names (the step picker)."""
+        steps = self.run_steps or (self.ck.steps if self.ck is not None else ())
+        self.run_steps = tuple(
+            Step(s.name, s.number, s.location, s.location == step.location) for s in steps
+        )
+        self._open(step.location)
+
+    def _open(self, location: str) -> None:
+        self._replace_body([w.HTML(note(f"opening {location} ..."))])
         try:
-            ck = inspector.open(self.path.value.strip())
+            ck = inspector.open(location)
         except Exception:
             self._replace_body([])
             raise
@@ -86,15 +106,46 @@ class Inspector(w.VBox):
 
     def _show(self, ck: Checkpoint) -> None:
         self.ck = ck
-        self.header = Header(ck)
+        actions = HeaderActions(
+            convert_fp8=self._convert_fp8,
+            apply_fix=self._apply_fix,
+            show_audit=lambda: self._select("Audit"),
+            open_step=self.open_step,
+            found=self._found,
+        )
+        self.header = Header(ck, self.errors, actions, steps=self.run_steps or ck.steps)
         self.tensor = TensorPanel(ck, self.errors)
         self.tree = TreePanel(ck, self.errors, self.tensor, self.tensor.show)
+        self.compare = ComparePanel(ck, self.errors)
+        self.audit = AuditPanel(ck, self.errors, self.tree.flags_found)
         self.export = ExportPanel(ck, self.errors)
         self.doctor = DoctorPanel(ck, self.errors, self._apply_rewrite)
-        self.tabs = w.Tab(children=[self.tree, self.doctor, self.export], titles=TABS)
+        panels = [self.tree, self.compare, self.audit, self.doctor, self.export]
+        self.tabs = w.Tab(children=panels, titles=TABS)
         self.tabs.add_class("inspector-tabs")
         self._replace_body([self.header, self.tabs])
+        self.header.start()
+
+    def _select(self, tab: str) -> None:
+        self.tabs.selected_index = TABS.index(tab)
+
+    def _found(self, findings: Findings) -> None:
+        """The header's worker is done: badges in the tree, the quick audit in its tab."""
+        self.tree.flags_found(findings.audit)
+        if findings.audit is not None:
+            self.audit.quick(findings.audit)
+
+    def _convert_fp8(self, mode: str) -> None:
+        fp8 = self.header.findings.fp8
+        why = f"{fp8.count} FP8 tensors found." if fp8 is not None else ""
+        self.export.preset_fp8(mode, why)
+        self._select("Export")
+
+    def _apply_fix(self, findings: Findings) -> None:
+        report = findings.layout.report
+        if report is not None:
+            self._apply_rewrite(report)
 
     def _apply_rewrite(self, report: KeyReport) -> None:
         self.export.use_rewrite(report)
-        self.tabs.selected_index = TABS.index("Export")
+        self._select("Export")

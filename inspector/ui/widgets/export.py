@@ -12,7 +12,8 @@ import ipywidgets as w
 from inspector.analysis.fqn import KeyReport
 from inspector.checkpoint import Checkpoint
 from inspector.exporting.fp8 import FP8_MODE_HELP
-from inspector.exporting.options import ExportOptions, default_out
+from inspector.exporting.hf import ARCHITECTURES
+from inspector.exporting.options import ExportOptions, accepts, arch_auto, default_out
 from inspector.exporting.plan import CAST_DTYPES, DEFAULT_SHARD_SIZE
 from inspector.exporting.run import ExportResult, Progress
 from inspector.ui.views.text import human_bytes
@@ -58,6 +59,24 @@ class ExportPanel(w.VBox):
             layout=w.Layout(width="560px"),
             style=_WIDE,
         )
+        self.hf_config = w.Text(
+            description="HF config",
+            placeholder="config.json to use instead of the assets' (optional)",
+            layout=w.Layout(width="560px"),
+            style=_WIDE,
+        )
+        self.arch = w.Dropdown(
+            options=[("auto (from the key names)", "auto"), *((a, a) for a in ARCHITECTURES)],
+            description="Architecture",
+            layout=w.Layout(width="420px"),
+            style=_WIDE,
+        )
+        self.arch_note = w.HTML()
+        self.arch_note.add_class("inspector-arch")
+        self.workers = w.BoundedIntText(value=1, min=1, max=256, description="Workers", style=_WIDE)
+        self.workers.layout.display = "" if accepts("workers") else "none"
+        self.preset = w.HTML()
+        self.preset.add_class("inspector-export-preset")
         self.dtype = w.Dropdown(
             options=[("as stored", None), *((d, d) for d in CAST_DTYPES)],
             description="dtype",
@@ -80,7 +99,8 @@ class ExportPanel(w.VBox):
         )
         self.out = w.Text(
             value=self.options.out,
-            description="Output folder",
+            description="Output",
+            placeholder="a folder (or file); URLs once exports write to remote storage",
             layout=w.Layout(width="560px"),
             style=_WIDE,
         )
@@ -97,17 +117,24 @@ class ExportPanel(w.VBox):
         self.clear_rename_button.on_click(errors.guard("Clearing the rename")(self._clear_rename))
         self.export_button.on_click(errors.guard("Starting the export")(lambda _: self.start()))
         self.format.observe(lambda _: self._show_format_fields(), names="value")
+        self.arch.observe(lambda _: self._show_format_fields(), names="value")
+        self._arch_auto: tuple[bool, str] | None = None
         self._show_rename()
         self._show_format_fields()
         super().__init__(
             [
+                self.preset,
                 self.format,
+                self.arch,
+                self.arch_note,
                 self.hf_assets,
+                self.hf_config,
                 self.dtype,
                 self.fp8,
                 self.flatten,
                 self.model_only,
                 self.max_shard_size,
+                self.workers,
                 self.out,
                 self.overwrite,
                 w.HBox([self.rename, self.clear_rename_button]),
@@ -123,6 +150,17 @@ class ExportPanel(w.VBox):
         self.options.use_rewrite(self.ck, report)
         self._show_rename()
 
+    def preset_fp8(self, mode: str, why: str) -> None:
+        """Plain safetensors of the model with ``mode`` FP8 handling (the header's finding)."""
+        self.format.value = "safetensors"
+        self.fp8.value = mode
+        self.model_only.value = True
+        self.preset.value = (
+            f'<div style="margin-bottom:6px">{badge("preset", "info")} {esc(why)} '
+            f"FP8: <b>{esc(mode)}</b> ({esc(FP8_MODE_HELP[mode])}). Choose the output and "
+            "press Export.</div>"
+        )
+
     def _clear_rename(self, _button: object) -> None:
         self.options.clear_rename()
         self._show_rename()
@@ -136,9 +174,18 @@ class ExportPanel(w.VBox):
     def _show_format_fields(self) -> None:
         """The assets folder for an HF folder; the key options only where they apply."""
         hf = self.format.value == "hf"
-        self.hf_assets.layout.display = "" if hf else "none"
+        for field in (self.hf_assets, self.hf_config, self.arch, self.arch_note):
+            field.layout.display = "" if hf else "none"
         for field in (self.flatten, self.model_only):
             field.layout.display = "none" if hf else ""
+        if hf and self.arch.value == "auto":
+            if self._arch_auto is None:
+                self._arch_auto = arch_auto(self.ck, self.fp8.value)
+            ok, why = self._arch_auto
+            verdict = badge("arch auto", "ok") if ok else badge("no arch", "bad")
+            self.arch_note.value = f'<div class="inspector-note">{verdict} {esc(why)}</div>'
+        else:
+            self.arch_note.value = ""
 
     def _read_form(self) -> ExportOptions:
         options = self.options
@@ -150,7 +197,8 @@ class ExportPanel(w.VBox):
         options.model_only, options.flatten = self.model_only.value, self.flatten.value
         options.max_shard_size, options.out = self.max_shard_size.value, self.out.value
         options.overwrite = self.overwrite.value
-        options.hf_assets = self.hf_assets.value
+        options.hf_assets, options.hf_config = self.hf_assets.value, self.hf_config.value
+        options.arch, options.workers = self.arch.value, self.workers.value
         options.arguments()
         return options
 

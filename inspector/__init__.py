@@ -16,6 +16,7 @@ from inspector.errors import (
     InspectorError,
     MissingKeyError,
     NotACheckpointError,
+    StorageAccessError,
     UnfinishedSaveError,
     UnsafeCheckpointError,
     UnsupportedError,
@@ -52,6 +53,7 @@ __all__ = [
     "KeyReport",
     "MissingKeyError",
     "NotACheckpointError",
+    "StorageAccessError",
     "TensorStats",
     "UnfinishedSaveError",
     "UnsafeCheckpointError",
@@ -71,11 +73,14 @@ __all__ = [
 ]
 
 
-def open(path: str | os.PathLike) -> Checkpoint:
-    """Open a checkpoint (DCP folder, .pt/.pth/.bin, .safetensors, HF sharded folder or index)."""
+def open(path: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> Checkpoint:
+    """Open a checkpoint (DCP folder, .pt/.pth/.bin, .safetensors, HF sharded folder or index)
+    from a local path or an s3://, gs://, hf://, http(s):// URL; ``storage_options`` are the
+    fsspec filesystem's (endpoint_url, key, secret, token, anon, ...), for URLs
+    (``pip install checkpoint-inspector[remote]``)."""
     from inspector.checkpoint import open as open_checkpoint
 
-    return open_checkpoint(path)
+    return open_checkpoint(path, storage_options)
 
 
 # Public names, each loaded from its module on first use.

@@ -10,14 +10,20 @@ from __future__ import annotations
 import difflib
 import itertools
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry, layout_problem
-from inspector.errors import CorruptCheckpointError, InspectorError, MissingKeyError
+from inspector.errors import (
+    CorruptCheckpointError,
+    InspectorError,
+    MissingKeyError,
+    StorageAccessError,
+    UsageError,
+)
 from inspector.formats.base import Source, Step
 from inspector.formats.detect import open_source
 from inspector.gc_pause import paused_gc
@@ -53,9 +59,13 @@ TABLE_COLUMNS = (
 )
 
 
-def open(path: str | os.PathLike) -> Checkpoint:
-    """Open a checkpoint (DCP folder, .pt/.pth/.bin, .safetensors, HF sharded folder or index)."""
-    storage, name = open_location(path)
+def open(
+    path: str | os.PathLike, storage_options: Mapping[str, Any] | None = None
+) -> Checkpoint:
+    """Open a checkpoint (DCP folder, .pt/.pth/.bin, .safetensors, HF sharded folder or index)
+    from a local path or an s3://, gs://, hf://, http(s):// URL; ``storage_options`` are the
+    fsspec filesystem's (endpoint_url, key, secret, token, anon, ...), for URLs."""
+    storage, name = open_location(path, storage_options)
     with paused_gc():
         return Checkpoint(open_source(storage, name))
 
@@ -91,8 +101,17 @@ class Checkpoint:
 
     @property
     def path(self) -> Path:
-        """The local path of what was opened."""
-        return Path(self.location)
+        """The local path of what was opened; a UsageError for a URL (see ``location``)."""
+        path = self.source.storage.local_path(self.source.name)
+        if path is None:
+            raise UsageError("is not on a local disk: ck.path is for local checkpoints, "
+                             "ck.location is its URL", file=self.location)
+        return path
+
+    @property
+    def is_local(self) -> bool:
+        """Whether it was opened from a local path (else from a URL)."""
+        return self.source.storage.local_path(self.source.name) is not None
 
     @property
     def format(self) -> str:
@@ -272,7 +291,7 @@ class Checkpoint:
 
         target = dtypes.optional_name(dtype)
         entry = self._readable(key, "tensor")
-        with self._marking(key):
+        with self._marking(key), self._prefetching(entry, entry.chunks):
             if len(entry.chunks) == 1 and entry.chunks[0].sizes == entry.shape:
                 value = self.source.read_chunk(entry, 0)
                 tensor = to_plain(value, target, file=self.location, key=key)
@@ -282,9 +301,9 @@ class Checkpoint:
 
     def read_object(self, key: str) -> Any:
         """A non-tensor value (optimizer hyper-parameters, scheduler state, ...), decoded safely."""
-        self._readable(key, "object")
-        with self._marking(key):
-            return self.source.read_object(self._entries[key])
+        entry = self._readable(key, "object")
+        with self._marking(key), self._prefetching(entry, entry.chunks):
+            return self.source.read_object(entry)
 
     def iter_chunks(self, key: str) -> Iterator[tuple[ChunkInfo, torch.Tensor]]:
         """Each stored chunk of a tensor as a plain tensor, one at a time (bounded memory)."""
@@ -298,7 +317,7 @@ class Checkpoint:
         from inspector.tensors.convert import to_plain
 
         entry = self._readable(key, "tensor")
-        with self._marking(key):
+        with self._marking(key), self._prefetching(entry, (entry.chunks[index],)):
             value = self.source.read_chunk(entry, index)
             return to_plain(value, file=self.location, key=key)
 
@@ -334,6 +353,19 @@ class Checkpoint:
 
     def _marking(self, key: str) -> _Marking:
         return _Marking(self._damage, key)
+
+    def _prefetching(self, entry: Entry, chunks: Iterable[ChunkInfo]) -> Any:
+        """Tell the storage which bytes the read of ``chunks`` is about to need (a remote
+        storage fetches them at once; a local one ignores it)."""
+        storage = self.source.storage
+        ranges = []
+        for chunk in chunks:
+            try:
+                name = storage.check(chunk.file, referrer=self.location, key=entry.key)
+            except InspectorError:
+                continue  # the read itself says what is wrong
+            ranges.append(ByteRange(storage, name, chunk.byte_offset, chunk.byte_length))
+        return storage.prefetch(ranges)
 
     # --- numbers ------------------------------------------------------------------------
     def stats(self, key: str) -> TensorStats:
@@ -376,7 +408,9 @@ class Checkpoint:
 
 
 class _Marking:
-    """A read that finds damage records it, so the table shows it from then on."""
+    """A read that finds damage records it, so the table shows it from then on; an error
+    that names no key is raised again naming this one. A storage that fails a request is
+    not damage (a later read may succeed)."""
 
     def __init__(self, damage: dict[str, str], key: str) -> None:
         self.damage, self.key = damage, key
@@ -385,8 +419,12 @@ class _Marking:
         return None
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        if isinstance(exc, InspectorError):
+        if not isinstance(exc, InspectorError):
+            return
+        if not isinstance(exc, StorageAccessError):
             self.damage.setdefault(self.key, exc.located)
+        if exc.key is None:
+            raise type(exc)(exc.reason, file=exc.file, key=self.key) from exc
 
 
 def _check_coverage(entry: Entry, location: str) -> None:
@@ -396,6 +434,8 @@ def _check_coverage(entry: Entry, location: str) -> None:
         raise CorruptCheckpointError(problem, file=location, key=entry.key)
 
 
-def as_checkpoint(value: Checkpoint | str | os.PathLike) -> Checkpoint:
-    """``value`` itself when already opened, else ``open(value)``."""
-    return value if isinstance(value, Checkpoint) else open(value)
+def as_checkpoint(
+    value: Checkpoint | str | os.PathLike, storage_options: Mapping[str, Any] | None = None
+) -> Checkpoint:
+    """``value`` itself when already opened, else ``open(value, storage_options)``."""
+    return value if isinstance(value, Checkpoint) else open(value, storage_options)

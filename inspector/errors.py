@@ -77,3 +77,8 @@ class UsageError(InspectorError, ValueError):
 
 class ExportError(InspectorError):
     """An export cannot be done as asked (output exists, unsupported dtype, ...)."""
+
+
+class StorageAccessError(InspectorError):
+    """The storage holding the checkpoint refused or failed a request (access denied, a
+    timeout, a server error, a server that ignores byte ranges); the files may be fine."""

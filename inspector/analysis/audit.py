@@ -18,7 +18,7 @@ import dataclasses
 import math
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -157,6 +157,7 @@ def audit(
     progress: bool = False,
     on_progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> AuditReport:
     """Audit a checkpoint: integrity, unfinished saves, completeness and resume readiness.
 
@@ -165,14 +166,15 @@ def audit(
     A folder an unfinished save left (no metadata yet) gives a report, not an error.
     ``on_progress(done, total)``: bytes of the checksum pass; a set ``cancel`` event stops
     it with :class:`~inspector.progress.Cancelled` (see :mod:`inspector.progress`).
+    ``storage_options``: fsspec options for a URL.
     """
     if isinstance(ck_or_path, Checkpoint):
         ck = ck_or_path
     else:
         try:
-            ck = open_checkpoint(ck_or_path)
+            ck = open_checkpoint(ck_or_path, storage_options)
         except NotACheckpointError:
-            signs = _folder_signs(ck_or_path)
+            signs = _folder_signs(ck_or_path, storage_options)
             if not signs:
                 raise
             found = tuple(Problem(None, _first(s), "unfinished", s.message) for s in signs)
@@ -199,9 +201,9 @@ def _checked(counts: IntegrityCounts, checksums: bool, values: bool, scanned: in
     return Checked(checksums, values, tensors_scanned=scanned, **dataclasses.asdict(counts))
 
 
-def _folder_signs(path: str | os.PathLike) -> list[Sign]:
+def _folder_signs(path: str | os.PathLike, storage_options: Mapping[str, Any] | None) -> list[Sign]:
     """Signs of an unfinished save in the folder ``path`` (none for a file)."""
-    storage, name = open_location(path)
+    storage, name = open_location(path, storage_options)
     if name:
         if storage.kind(name) != "dir":
             return []

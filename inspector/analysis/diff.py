@@ -70,14 +70,16 @@ def diff(
     exclude: Iterable[str] | None = None,
     progress: bool = True,
     fingerprints: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> pandas.DataFrame:
     """One row per key of either side: status, value differences and a content hash per side
     (with ``fingerprints=True``, tensors' fingerprint digests; equal ones are not compared
-    further)."""
+    further). ``storage_options``: fsspec options for a side given as a URL (for two stores
+    that need different options, pass Checkpoints opened with ``inspector.open``)."""
     import pandas
     from tqdm.auto import tqdm
 
-    ck_a, ck_b = as_checkpoint(a), as_checkpoint(b)
+    ck_a, ck_b = as_checkpoint(a, storage_options), as_checkpoint(b, storage_options)
     pairs = [p for p in key_pairs(ck_a, ck_b, key_map) if _selected(p, include, exclude)]
     rows = [
         asdict(

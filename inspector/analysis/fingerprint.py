@@ -97,12 +97,13 @@ def fingerprint(
     keys: str | Iterable[str] | None = None,
     *,
     progress: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Fingerprint:
     """The fingerprint of the model's tensors, or of the tensors whose stored key or canonical
-    name matches one of the ``keys`` globs (any component)."""
+    name matches one of the ``keys`` globs (any component); ``storage_options`` for a URL."""
     from tqdm.auto import tqdm
 
-    ck = as_checkpoint(ck_or_path)
+    ck = as_checkpoint(ck_or_path, storage_options)
     chosen, duplicates = _select(ck.entries(), keys)
     hasher = _Hasher()
     prints = []

@@ -310,7 +310,11 @@ class KeyReport:
 
 # --- check_keys ---------------------------------------------------------------------------
 def check_keys(
-    ck: Checkpoint | str | os.PathLike, against: Any, *, spelling: str | None = None
+    ck: Checkpoint | str | os.PathLike,
+    against: Any,
+    *,
+    spelling: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> KeyReport:
     """Compare a checkpoint's model keys with ``against`` and suggest the rename that fixes them.
 
@@ -318,10 +322,11 @@ def check_keys(
     dict (tensors or shapes, nested dicts joined with dots), a list of keys, a Checkpoint or
     a checkpoint path. ``spelling`` (stored / flattened / prefixed) defaults to ``stored``
     for DCP, whose loader matches stored keys, and ``flattened`` for other formats.
+    ``storage_options``: fsspec options for checkpoints given as URLs.
     """
-    ck = as_checkpoint(ck)
+    ck = as_checkpoint(ck, storage_options)
     spelling = spelling or default_spelling(ck)
-    theirs, description = _target(against)
+    theirs, description = _target(against, storage_options)
     return KeyReport(ck.location, description, spelling, model_specs(ck, spelling), theirs)
 
 
@@ -341,11 +346,13 @@ def model_specs(ck: Checkpoint, spelling: str) -> dict[str, Spec]:
     }
 
 
-def _target(against: Any) -> tuple[dict[str, Spec], str]:
+def _target(
+    against: Any, storage_options: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Spec], str]:
     if isinstance(against, (Checkpoint, str, os.PathLike)):
-        other = as_checkpoint(against)
+        other = as_checkpoint(against, storage_options)
         spelling = default_spelling(other)
-        return model_specs(other, spelling), f"the model entries of {other.path} ({spelling})"
+        return model_specs(other, spelling), f"the model entries of {other.location} ({spelling})"
     if _is_module(against):
         specs = _flatten(against.state_dict())
         return specs, f"nn.Module {type(against).__name__} (state_dict keys)"

@@ -2,19 +2,15 @@
 
 :class:`ExportOptions` turns them into :func:`inspector.export` arguments, including a
 key rename taken from the FQN doctor's best rewrite (:meth:`ExportOptions.use_rewrite`).
-Settings the exporter does not take yet are refused, never dropped: ``workers`` is passed
-only when ``export`` has that parameter (:func:`accepts`), an output URL only once
-``URL_TARGETS`` says exports write to URLs.
+``workers`` above 1 is passed on as ``export(workers=n)``.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
@@ -23,6 +19,7 @@ from inspector.exporting.fp8 import FP8_MODES
 from inspector.exporting.plan import DEFAULT_SHARD_SIZE, EXPORT_FORMATS, check_choice, parse_size
 from inspector.exporting.run import ExportResult, Progress, export
 from inspector.keys.spellings import view_key
+from inspector.storage.remote import is_url
 
 if TYPE_CHECKING:
     from inspector.analysis.fqn import KeyReport
@@ -30,24 +27,13 @@ if TYPE_CHECKING:
 
 PT_SUFFIXES = (".pt", ".pth", ".bin")
 PT_FILE = "model.pt"
-# Whether ``inspector.export`` writes to URLs (s3://, gs://, ...): the remote-storage work
-# turns this on together with the exporter's support for remote targets.
-URL_TARGETS = False
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def accepts(parameter: str) -> bool:
-    """Whether :func:`inspector.export` takes ``parameter`` (e.g. ``workers``)."""
-    return parameter in inspect.signature(export).parameters
-
-
-def is_url(text: str) -> bool:
-    """``scheme://...``: a remote location rather than a local path."""
-    return _URL.match(text.strip()) is not None
 
 
 def default_out(ck: Checkpoint, folder: str | os.PathLike = "exports") -> Path:
-    """``exports/<checkpoint name>``: a fresh folder beside the notebook, not in the source."""
+    """``exports/<checkpoint name>``: a fresh folder beside the notebook, not in the source
+    (for a remote checkpoint too: named after the URL's last part)."""
+    if not ck.is_local:
+        return Path(folder) / PurePosixPath(ck.location.rstrip("/").rsplit("/", 1)[-1]).stem
     return Path(folder) / (ck.path.stem if ck.path.is_file() else ck.path.name)
 
 
@@ -59,6 +45,7 @@ class ExportOptions:
     ``model.pt`` inside it; hf: the model folder) or a file name with the format's suffix.
     ``arch`` and ``hf_assets`` are for the hf format, which writes the whole model under
     its HF names (``model_only``, ``flatten`` and ``rename`` do not apply to it).
+    ``target_options``: fsspec options for a URL ``out`` (default: the checkpoint's own).
     """
 
     out: str
@@ -76,12 +63,15 @@ class ExportOptions:
     hf_assets: str | None = None
     hf_config: str | None = None
     workers: int = 1
+    target_options: dict[str, Any] | None = None
 
     def target(self) -> Path | str:
-        """What the exporter writes to: a .pt file for pt, the folder (or file) otherwise; a
-        URL as it is."""
-        if is_url(self.out):
-            return self.out.strip()
+        """What the exporter is handed: a .pt file for pt, the folder (or file) otherwise;
+        a URL (s3://, gs://, hf://) stays a URL."""
+        if is_url(self.out.strip()):
+            url = self.out.strip().rstrip("/")
+            pt_file = PurePosixPath(url).suffix in PT_SUFFIXES
+            return f"{url}/{PT_FILE}" if self.format == "pt" and not pt_file else url
         out = Path(self.out).expanduser()
         if self.format == "pt" and out.suffix not in PT_SUFFIXES:
             return out / PT_FILE
@@ -91,11 +81,6 @@ class ExportOptions:
         """Keyword arguments of :func:`inspector.export` (besides the checkpoint and target)."""
         if not str(self.out).strip():
             raise InspectorError("no output folder given")
-        if is_url(self.out) and not URL_TARGETS:
-            raise InspectorError(
-                f"cannot export to {self.out.strip()}: writing to URLs comes with remote "
-                "storage support; export to a local folder and upload it"
-            )
         check_choice("format", self.format, EXPORT_FORMATS)
         check_choice("FP8 handling", self.fp8, FP8_MODES)
         try:
@@ -123,24 +108,24 @@ class ExportOptions:
         }
 
     def _workers(self) -> dict[str, int]:
-        """``{"workers": n}`` when the exporter takes it; none when 1 (the default)."""
+        """``{"workers": n}`` for more than one worker; nothing for one (the default)."""
         if self.workers < 1:
             raise InspectorError(f"workers must be at least 1, not {self.workers}")
-        if self.workers == 1:
-            return {}
-        if not accepts("workers"):
-            raise InspectorError(
-                f"this version of inspector.export writes with one process: workers="
-                f"{self.workers} is not available yet"
-            )
-        return {"workers": self.workers}
+        return {"workers": self.workers} if self.workers > 1 else {}
 
     def run(
         self, ck: Checkpoint, on_progress: Callable[[Progress], None] | None = None
     ) -> ExportResult:
         """Export ``ck`` with these settings (no progress bar; ``on_progress`` is called)."""
         arguments = self.arguments()
-        return export(ck, self.target(), **arguments, progress=False, on_progress=on_progress)
+        return export(
+            ck,
+            self.target(),
+            **arguments,
+            progress=False,
+            on_progress=on_progress,
+            target_options=self.target_options,
+        )
 
     def use_rewrite(self, ck: Checkpoint, report: KeyReport) -> None:
         """Rename model keys as the report's best rewrite does (see :func:`rewrite_rename`)."""

@@ -26,6 +26,7 @@ from inspector.exporting.verify import Verification
 from inspector.formats.safetensors import safetensors_dtype, write_safetensors
 from inspector.formats.writing import Item
 from inspector.storage.local import atomic_files
+from inspector.storage.remote import is_url
 from inspector.version import __version__
 
 if TYPE_CHECKING:
@@ -46,11 +47,12 @@ class Progress:
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What an export wrote, what it left out and why, and how it checked the result."""
+    """What an export wrote, what it left out and why, and how it checked the result.
+    ``files`` and ``index`` are paths, or URLs (str) for a remote target."""
 
     format: str
-    files: list[Path]
-    index: Path | None
+    files: list[Path] | list[str]
+    index: Path | str | None
     tensors: int
     objects: int
     bytes: int
@@ -121,6 +123,8 @@ def export(
     on_error: str = "fail",
     progress: bool = True,
     on_progress: Callable[[Progress], None] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    target_options: Mapping[str, Any] | None = None,
 ) -> ExportResult:
     """Write the checkpoint's tensors (model only by default) as safetensors or ``.pt``.
 
@@ -133,7 +137,10 @@ def export(
     :mod:`inspector.exporting.fp8`). ``flatten`` drops the ``model.`` component prefix
     (decided from the stored nesting, not the spelling). ``rename``: exact stored keys
     (e.g. a KeyReport's ``mapping()``) then regex -> replacement, or a callable.
-    ``on_error``: "fail" or "skip" entries that cannot be read.
+    ``on_error``: "fail" or "skip" entries that cannot be read. ``out`` may be an s3://,
+    gs:// or hf:// URL: the export is written and checked in a local temporary folder, then
+    uploaded (the index or single file last). ``storage_options``: fsspec options for a URL
+    ``ck_or_path``; ``target_options`` for a URL ``out`` (default: ``storage_options``).
 
     hf: ``out`` is a Hugging Face model folder: the model weights under the HF names of
     ``arch`` ("auto" decides from the key names; "llama3", "qwen3", "qwen3_moe",
@@ -150,6 +157,22 @@ def export(
 
     plan.check_choice("format", format, plan.EXPORT_FORMATS)
     plan.check_choice("on_error", on_error, plan.ON_ERROR)
+    if is_url(out):
+        from inspector.exporting.remote_target import export_to_url
+
+        ck = as_checkpoint(ck_or_path, storage_options)
+
+        def write_locally(local: Path) -> ExportResult:
+            return export(
+                ck, local, format, dtype=dtype, fp8=fp8, model_only=model_only,
+                flatten=flatten, nested=nested, include=include, exclude=exclude,
+                rename=rename, arch=arch, naming=naming, hf_config=hf_config,
+                hf_assets=hf_assets, max_shard_size=max_shard_size, overwrite=True,
+                verify=verify, on_error=on_error, progress=progress, on_progress=on_progress,
+            )
+
+        options = storage_options if target_options is None else target_options
+        return export_to_url(ck, str(out), options, overwrite, write_locally)
     if format in plan.MODEL_FOLDER_FORMATS:
         from inspector.exporting.model_folder import export_model_folder
 
@@ -163,7 +186,7 @@ def export(
             "on_error": on_error != "fail",
         }
         return export_model_folder(
-            as_checkpoint(ck_or_path),
+            as_checkpoint(ck_or_path, storage_options),
             Path(out).expanduser(),
             format,
             changed,
@@ -187,7 +210,7 @@ def export(
         raise ExportError("nested=True writes the stored nesting of a .pt; rename does not apply")
     cast = dtypes.optional_name(dtype)
     started = time.perf_counter()
-    ck = as_checkpoint(ck_or_path)
+    ck = as_checkpoint(ck_or_path, storage_options)
     out = Path(out).expanduser()
     refuse_inside_source(ck, out)
     selected, skipped = plan.select(ck, model_only, include, exclude, on_error, format != "pt")
@@ -237,6 +260,8 @@ def export(
 
 def refuse_inside_source(ck: Checkpoint, out: Path) -> None:
     """Never write into a checkpoint folder, nor over a file the checkpoint is made of."""
+    if not ck.is_local:
+        return  # a local output cannot land inside a remote checkpoint
     source, target = Path(ck.path).resolve(), out.resolve()
     if source.is_dir() and (target == source or source in target.parents):
         raise ExportError("output would be written inside the source checkpoint", file=out)

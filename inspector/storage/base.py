@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import io
 import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Literal, Protocol
+
+from inspector.errors import CorruptCheckpointError, UnsafeCheckpointError
 
 Kind = Literal["file", "dir"]
 # A readable, seekable byte stream: a storage window (raw) or bytes in memory (buffered).
@@ -117,3 +121,27 @@ class Storage(Protocol):
     def local_path(self, name: str) -> Path | None:
         """The OS path of ``name`` when it is local (lets writers copy in the kernel)."""
         ...
+
+    def blocks(self, name: str, offset: int, length: int) -> Iterator[memoryview]:
+        """``length`` bytes at ``offset`` in order, in blocks (each valid until the next is
+        asked for): how copies and checks stream a range in bounded memory."""
+        ...
+
+    def prefetch(self, ranges: Sequence[ByteRange]) -> AbstractContextManager[None]:
+        """A hint: reads inside ``ranges`` follow, until the context ends. A remote storage
+        fetches them at once (neighbours coalesced, concurrently); a local one does nothing.
+        Never changes what a read returns."""
+        ...
+
+
+def relative_name(relative: object, *, referrer: str, key: str | None) -> PurePosixPath:
+    """``relative`` as a POSIX name that stays inside a folder: refuses absolute paths, drive
+    letters, ``..`` and NUL bytes (links are the storage's own business)."""
+    if not isinstance(relative, str) or not relative or "\x00" in relative:
+        raise CorruptCheckpointError(f"bad file name {relative!r}", file=referrer, key=key)
+    parts = PurePosixPath(relative.replace("\\", "/"))
+    if parts.is_absolute() or PureWindowsPath(relative).drive or ".." in parts.parts:
+        raise UnsafeCheckpointError(
+            f"file name {relative!r} points outside the checkpoint folder", file=referrer, key=key
+        )
+    return parts

@@ -28,7 +28,7 @@ def copy_range(source: ByteRange, fd: int, crc: int | None = None) -> int:
     """Append ``source``'s bytes to ``fd``; returns the running CRC-32 when ``crc`` is given.
 
     Local sources are copied by the kernel while, for a CRC, a thread reads the same bytes
-    and checksums them; other storages are read by blocks and written.
+    and checksums them; other storages stream their blocks (big ranged reads).
     """
     path = source.storage.local_path(source.name)
     if path is None:
@@ -63,15 +63,13 @@ def _kernel_copy(src: int, dst: int, source: ByteRange) -> int:
 
 
 def _copy_by_blocks(source: ByteRange, fd: int, crc: int | None) -> int:
+    """The storage's blocks written in order (a remote storage fetches big ranges ahead,
+    several at once, so memory stays bounded by a few blocks)."""
     value = crc or 0
-    done = 0
-    while done < source.length:
-        n = min(_COPY_BLOCK, source.length - done)
-        block = source.storage.read(source.name, source.offset + done, n)
+    for block in source.storage.blocks(source.name, source.offset, source.length):
         write_all(fd, block)
         if crc is not None:
             value = zlib.crc32(block, value)
-        done += n
     return value
 
 

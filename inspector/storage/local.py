@@ -7,14 +7,15 @@ a clear error, never a hang or an endless read; reads never ask for more than th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import Any
 
 from inspector.errors import (
@@ -23,7 +24,9 @@ from inspector.errors import (
     ExportError,
     UnsafeCheckpointError,
 )
-from inspector.storage.base import IOCounter, Kind
+from inspector.storage.base import ByteRange, IOCounter, Kind, relative_name
+
+_BLOCK = 1 << 23
 
 _SPECIAL = (
     (stat.S_ISDIR, "a directory"),
@@ -107,6 +110,21 @@ class LocalStorage:
 
     def local_path(self, name: str) -> Path:
         return self.root / name
+
+    def blocks(self, name: str, offset: int, length: int) -> Iterator[memoryview]:
+        with self._open(name) as (fd, size):
+            _check_range(offset, length, size, self.describe(name))
+            buffer = memoryview(bytearray(min(_BLOCK, max(length, 1))))
+            done = 0
+            while done < length:
+                n = min(len(buffer), length - done)
+                _pread_into(fd, offset + done, buffer[:n], self.describe(name))
+                self.io.add(n)
+                yield buffer[:n]
+                done += n
+
+    def prefetch(self, ranges: Sequence[ByteRange]) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
 
     @contextmanager
     def _open(self, name: str) -> Iterator[tuple[int, int]]:
@@ -225,13 +243,7 @@ def _inside(root: Path, relative: object, *, referrer: str, key: str | None) -> 
     """``relative`` as a POSIX name inside ``root``, refusing absolute paths, ``..`` and
     symlinks that lead outside. One kind of outside link is genuine: in a Hugging Face hub
     cache, a snapshot's files link to the same repository's own ``blobs/`` folder."""
-    if not isinstance(relative, str) or not relative or "\x00" in relative:
-        raise CorruptCheckpointError(f"bad file name {relative!r}", file=referrer, key=key)
-    parts = PurePosixPath(relative.replace("\\", "/"))
-    if parts.is_absolute() or PureWindowsPath(relative).drive or ".." in parts.parts:
-        raise UnsafeCheckpointError(
-            f"file name {relative!r} points outside the checkpoint folder", file=referrer, key=key
-        )
+    parts = relative_name(relative, referrer=referrer, key=key)
     try:
         real_root = root.resolve()
         real = (root / parts).resolve()

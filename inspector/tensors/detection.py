@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from inspector import dtypes
 from inspector.entry import Entry
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, StorageAccessError
 from inspector.formats.base import Source
 from inspector.formats.safe_pickle import Opaque, SubclassRef
 from inspector.tensors.payloads import (
@@ -118,5 +118,7 @@ def detect(source: Source, entry: Entry) -> Detection:
             return PLAIN
         first = next(i for i, names in enumerate(found) if names)
         return describe(source.describe_chunk(entry, first), classes)
+    except StorageAccessError:
+        raise  # the storage failed a request: nothing is known about the chunk
     except InspectorError as exc:
         return Detection("unreadable", error=exc.located)

@@ -17,6 +17,7 @@ from inspector.exporting.fp8 import FP8_MODES
 from inspector.exporting.plan import ARCHITECTURE_NAMES, DEFAULT_SHARD_SIZE, EXPORT_FORMATS
 from inspector.keys.generations import GENERATIONS
 from inspector.keys.spellings import VIEWS
+from inspector.storage.remote import display_url, is_url
 from inspector.ui.views.text import human_bytes, shape_text, value_text
 
 CHECK_HELP = """\
@@ -75,7 +76,7 @@ def _print_table(rows: list[list[str]], header: list[str]) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    ck = inspector.open(args.path)
+    ck = inspector.open(args.path, args.storage_options)
     if not args.no_scan:
         ck.scan(progress=not args.json and sys.stderr.isatty())
     entries = ck.entries()
@@ -110,7 +111,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    ck = inspector.open(args.path)
+    ck = inspector.open(args.path, args.storage_options)
     entry = ck.entry(args.key)
     ck.detection(args.key)
     if entry.kind == "object":
@@ -150,13 +151,20 @@ def cmd_diff(args: argparse.Namespace) -> int:
         key_map=None if args.key_map == "none" else "auto",
         progress=False,
         fingerprints=args.fingerprints,
+        storage_options=args.storage_options,
     )
     equal = bool(table["equal"].all())
     summary = summarize(table)
     if args.json:
         rows = json.loads(table.to_json(orient="records"))
         json.dump(
-            {"a": args.a, "b": args.b, "equal": equal, "summary": summary, "rows": rows},
+            {
+                "a": _shown(args.a),
+                "b": _shown(args.b),
+                "equal": equal,
+                "summary": summary,
+                "rows": rows,
+            },
             sys.stdout,
             indent=1,
         )
@@ -190,6 +198,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         checksums=not args.no_checksums,
         values=args.values,
         progress=not args.json and sys.stderr.isatty(),
+        storage_options=args.storage_options,
     )
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=1)
@@ -201,7 +210,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
     found = inspector.fingerprint(
-        args.path, keys=args.keys, progress=not args.json and sys.stderr.isatty()
+        args.path,
+        keys=args.keys,
+        progress=not args.json and sys.stderr.isatty(),
+        storage_options=args.storage_options,
     )
     if args.json:
         json.dump(found.as_dict(), sys.stdout, indent=1)
@@ -240,9 +252,50 @@ def cmd_export(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         on_error="skip" if args.skip_unreadable else "fail",
         progress=sys.stderr.isatty(),
+        storage_options=args.storage_options,
+        target_options=args.target_options,
     )
     print(result.summary())
     return 0 if result.verification is None or result.verification.ok else 1
+
+
+def _shown(path: str) -> str:
+    """A path or URL as it may be printed (a URL without credentials or query string)."""
+    return display_url(path) if is_url(path) else path
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """``key=value`` of ``--storage-option``; the value is read as JSON when it is JSON
+    (``anon=true``, ``client_kwargs={"region_name": "eu-west-1"}``), else taken as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected key=value, not {text.partition('=')[0]!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+def _options_argument(parser: argparse.ArgumentParser, flag: str, dest: str, what: str) -> None:
+    parser.add_argument(
+        flag,
+        dest=dest,
+        action=_CollectOptions,
+        type=parse_option,
+        default=None,
+        metavar="KEY=VALUE",
+        help=f"fsspec storage option for {what} (repeatable), e.g. "
+        "endpoint_url=http://127.0.0.1:9000 or anon=true",
+    )
+
+
+class _CollectOptions(argparse.Action):
+    """Repeated ``KEY=VALUE`` options into one dict (None when none is given)."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        options = dict(getattr(namespace, self.dest) or {})
+        options[value[0]] = value[1]
+        setattr(namespace, self.dest, options)
 
 
 def _missing(value: Any) -> bool:
@@ -265,7 +318,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     sys.path.insert(0, os.getcwd())  # as with `python -m`: the user's own modules import
     against = resolve_against(args.against, device=args.device)
-    report = inspector.check_keys(args.path, against, spelling=args.spelling)
+    report = inspector.check_keys(
+        args.path, against, spelling=args.spelling, storage_options=args.storage_options
+    )
     passed = report.loadable if args.ignore_dtype else report.ok
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=1)
@@ -304,7 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect PyTorch checkpoints (DCP, .pt, safetensors) safely.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    ls = sub.add_parser("ls", help="list keys with dtype, shape, chunks and size")
+    remote = argparse.ArgumentParser(add_help=False)
+    _options_argument(
+        remote, "--storage-option", "storage_options", "s3://, gs://, hf://, http(s):// checkpoints"
+    )
+    ls = sub.add_parser("ls", help="list keys with dtype, shape, chunks and size", parents=[remote])
     ls.add_argument("path")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.add_argument(
@@ -313,13 +372,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip reading each chunk's pickle record (subclass / fp8 columns stay empty for DCP)",
     )
     ls.set_defaults(func=cmd_ls)
-    show = sub.add_parser("show", help="one key: summary and first values")
+    show = sub.add_parser("show", help="one key: summary and first values", parents=[remote])
     show.add_argument("path")
     show.add_argument("key")
     show.add_argument("--values", type=int, default=8, help="how many values to print")
     show.add_argument("--chunks", type=int, default=8, help="how many chunks to list")
     show.set_defaults(func=cmd_show)
-    diff = sub.add_parser("diff", help="compare two checkpoints key by key (exit 0 when equal)")
+    diff = sub.add_parser(
+        "diff", help="compare two checkpoints key by key (exit 0 when equal)", parents=[remote]
+    )
     diff.add_argument("a")
     diff.add_argument("b")
     diff.add_argument("--json", action="store_true", help="machine-readable output")
@@ -343,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="compare the checkpoint's model keys with a model or checkpoint; suggest renames",
         description=CHECK_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[remote],
     )
     check.add_argument("path")
     check.add_argument(
@@ -371,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="is the checkpoint whole and resumable? (exit 0 ok, 1 problems, 2 unreadable)",
         description=AUDIT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[remote],
     )
     aud.add_argument("path")
     aud.add_argument("--json", action="store_true", help="machine-readable output")
@@ -384,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="content hash of the weights, independent of format, sharding and key prefix",
         description=FINGERPRINT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[remote],
     )
     fpr.add_argument("path")
     fpr.add_argument("--json", action="store_true", help="machine-readable output")
@@ -400,10 +464,19 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser(
         "export",
         help="write .safetensors (HF-sharded), .pt, an HF model folder or a DCP folder, streaming",
+        parents=[remote],
     )
     exp.add_argument("path")
     exp.add_argument(
-        "out", help="safetensors: a folder (or *.safetensors); pt: the file; hf, dcp: a folder"
+        "out",
+        help="safetensors: a folder (or *.safetensors); pt: the file; hf, dcp: a folder; "
+        "or an s3://, gs://, hf:// URL",
+    )
+    _options_argument(
+        exp,
+        "--target-option",
+        "target_options",
+        "a URL output (default: the --storage-option ones)",
     )
     exp.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0])
     exp.add_argument("--arch", help="hf, dcp: auto (default) or " + ", ".join(ARCHITECTURE_NAMES))

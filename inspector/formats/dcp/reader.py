@@ -53,7 +53,9 @@ def metadata_files(storage: Storage, folder: str = "") -> list[str]:
     try:
         listed = storage.list(folder)
     except InspectorError:
-        return []
+        # A storage that cannot list (a web server without index pages) may still hold it.
+        whole = f"{folder}/{METADATA_FILE}" if folder else METADATA_FILE
+        return [METADATA_FILE] if storage.kind(whole) == "file" else []
     names = {name for name, kind in listed if kind == "file"}
     if METADATA_FILE in names:
         return [METADATA_FILE]

@@ -4,6 +4,8 @@ audit, FQN check and export tabs)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import ipywidgets as w
 
@@ -37,15 +39,22 @@ class Inspector(w.VBox):
     """``display(inspector.Inspector(path))``: browse, diagnose and export one checkpoint.
 
     A path that cannot be opened shows why inside the app; type another and press Open.
-    The panels (``header``, ``tree``, ``tensor``, ``compare``, ``audit``, ``doctor``,
-    ``export``) exist once a checkpoint is open; ``ck`` is the opened
-    :class:`~inspector.checkpoint.Checkpoint`. The header's findings arrive from a worker
-    thread moments after the first view (``app.header.wait()`` blocks until they are in).
+    The path box takes local paths and s3://, gs://, hf://, http(s):// URLs, opened with
+    ``storage_options`` (fsspec's: endpoint_url, key, secret, token, anon, ...). The panels
+    (``header``, ``tree``, ``tensor``, ``compare``, ``audit``, ``doctor``, ``export``) exist
+    once a checkpoint is open; ``ck`` is the opened :class:`~inspector.checkpoint.Checkpoint`.
+    The header's findings arrive from a worker thread moments after the first view
+    (``app.header.wait()`` blocks until they are in).
     """
 
-    def __init__(self, path_or_ck: str | os.PathLike | Checkpoint) -> None:
+    def __init__(
+        self,
+        path_or_ck: str | os.PathLike | Checkpoint,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.ck: Checkpoint | None = None
         self.run_steps: tuple[Step, ...] = ()  # a run root's steps, kept while one is open
+        self.storage_options = dict(storage_options or {}) or None
         self.errors = ErrorBox()
         is_ck = isinstance(path_or_ck, Checkpoint)
         self.path = w.Text(
@@ -86,7 +95,7 @@ class Inspector(w.VBox):
     def _open(self, location: str) -> None:
         self._replace_body([w.HTML(note(f"opening {location} ..."))])
         try:
-            ck = inspector.open(location)
+            ck = inspector.open(location, self.storage_options)
         except Exception:
             self._replace_body([])
             raise
@@ -116,9 +125,9 @@ class Inspector(w.VBox):
         self.header = Header(ck, self.errors, actions, steps=self.run_steps or ck.steps)
         self.tensor = TensorPanel(ck, self.errors)
         self.tree = TreePanel(ck, self.errors, self.tensor, self.tensor.show)
-        self.compare = ComparePanel(ck, self.errors)
+        self.compare = ComparePanel(ck, self.errors, self.storage_options)
         self.audit = AuditPanel(ck, self.errors, self.tree.flags_found)
-        self.export = ExportPanel(ck, self.errors)
+        self.export = ExportPanel(ck, self.errors, self.storage_options)
         self.doctor = DoctorPanel(ck, self.errors, self._apply_rewrite)
         panels = [self.tree, self.compare, self.audit, self.doctor, self.export]
         self.tabs = w.Tab(children=panels, titles=TABS)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import ipywidgets as w
 
 import inspector
@@ -46,8 +49,13 @@ def comparison_html(found: Comparison) -> str:
 class ComparePanel(w.VBox):
     """Type another checkpoint and press Compare; the comparison runs in a worker thread."""
 
-    def __init__(self, ck: Checkpoint, errors: ErrorBox) -> None:
-        self.ck, self.errors = ck, errors
+    def __init__(
+        self,
+        ck: Checkpoint,
+        errors: ErrorBox,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.ck, self.errors, self.storage_options = ck, errors, storage_options
         self.comparison: Comparison | None = None
         self.other = w.Text(
             description="Compare with",
@@ -82,7 +90,7 @@ class ComparePanel(w.VBox):
         text = self.other.value.strip()
         if not text:
             raise ValueError("nothing to compare with: give a checkpoint path or URL")
-        other = inspector.open(text)
+        other = inspector.open(text, dict(self.storage_options or {}) or None)
         model_only = self.model_only.value
         self.comparison = None
         self.result.value = note(f"comparing with {other.location} ...")

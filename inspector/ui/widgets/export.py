@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import ipywidgets as w
 
@@ -13,7 +15,7 @@ from inspector.analysis.fqn import KeyReport
 from inspector.checkpoint import Checkpoint
 from inspector.exporting.fp8 import FP8_MODE_HELP
 from inspector.exporting.hf import ARCHITECTURES
-from inspector.exporting.options import ExportOptions, accepts, arch_auto, default_out
+from inspector.exporting.options import ExportOptions, arch_auto, default_out
 from inspector.exporting.plan import CAST_DTYPES, DEFAULT_SHARD_SIZE
 from inspector.exporting.run import ExportResult, Progress
 from inspector.ui.views.text import human_bytes
@@ -34,7 +36,9 @@ def result_html(result: ExportResult) -> str:
     else:
         verdict = badge("verified", "ok") if check.ok else badge("verification failed", "bad")
     files = [*result.files, *([result.index] if result.index else [])]
-    rows = [(str(p), human_bytes(Path(p).stat().st_size)) for p in files]
+    rows = [
+        (str(p), human_bytes(Path(p).stat().st_size) if isinstance(p, Path) else "") for p in files
+    ]
     return (
         f"<div>{verdict} {esc(check) if check is not None else ''}</div>"
         + table(("file", "size"), rows)
@@ -46,10 +50,16 @@ def result_html(result: ExportResult) -> str:
 class ExportPanel(w.VBox):
     """Export settings; the export runs in a thread so the notebook stays responsive."""
 
-    def __init__(self, ck: Checkpoint, errors: ErrorBox) -> None:
+    def __init__(
+        self,
+        ck: Checkpoint,
+        errors: ErrorBox,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.ck = ck
         self.errors = errors
         self.options = ExportOptions(out=str(default_out(ck)))
+        self.options.target_options = dict(storage_options) if storage_options else None
         self.thread: threading.Thread | None = None
         self.result: ExportResult | None = None
         self.format = w.ToggleButtons(options=FORMATS, description="Format", style=_WIDE)
@@ -74,7 +84,6 @@ class ExportPanel(w.VBox):
         self.arch_note = w.HTML()
         self.arch_note.add_class("inspector-arch")
         self.workers = w.BoundedIntText(value=1, min=1, max=256, description="Workers", style=_WIDE)
-        self.workers.layout.display = "" if accepts("workers") else "none"
         self.preset = w.HTML()
         self.preset.add_class("inspector-export-preset")
         self.dtype = w.Dropdown(
@@ -100,7 +109,7 @@ class ExportPanel(w.VBox):
         self.out = w.Text(
             value=self.options.out,
             description="Output",
-            placeholder="a folder (or file); URLs once exports write to remote storage",
+            placeholder="a folder, a file, or a URL (s3://, gs://, hf://)",
             layout=w.Layout(width="560px"),
             style=_WIDE,
         )

@@ -13,6 +13,7 @@ import inspector
 from inspector.analysis.fqn import KeyReport
 from inspector.checkpoint import Checkpoint
 from inspector.formats.base import Step
+from inspector.keys.tree import KeyNode
 from inspector.ui.views.findings import Findings
 from inspector.ui.widgets.audit import AuditPanel
 from inspector.ui.widgets.compare import ComparePanel
@@ -124,7 +125,7 @@ class Inspector(w.VBox):
         )
         self.header = Header(ck, self.errors, actions, steps=self.run_steps or ck.steps)
         self.tensor = TensorPanel(ck, self.errors)
-        self.tree = TreePanel(ck, self.errors, self.tensor, self.tensor.show)
+        self.tree = TreePanel(ck, self.errors, self.tensor, self._selected)
         self.compare = ComparePanel(ck, self.errors, self.storage_options)
         self.audit = AuditPanel(ck, self.errors, self.tree.flags_found)
         self.export = ExportPanel(ck, self.errors, self.storage_options)
@@ -132,8 +133,19 @@ class Inspector(w.VBox):
         panels = [self.tree, self.compare, self.audit, self.doctor, self.export]
         self.tabs = w.Tab(children=panels, titles=TABS)
         self.tabs.add_class("inspector-tabs")
+        for finished in (
+            self.tensor.job.finished,
+            self.compare.job.finished,
+            self.audit.job.finished,
+            self.export.finished,
+        ):
+            finished.append(self.header.show_io)  # what was read so far
         self._replace_body([self.header, self.tabs])
         self.header.start()
+
+    def _selected(self, node: KeyNode) -> None:
+        self.tensor.show(node)
+        self.header.show_io()
 
     def _select(self, tab: str) -> None:
         self.tabs.selected_index = TABS.index(tab)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ class ExportPanel(w.VBox):
         self.options = ExportOptions(out=str(default_out(ck)))
         self.options.target_options = dict(storage_options) if storage_options else None
         self.thread: threading.Thread | None = None
+        self.finished: list[Callable[[], None]] = []  # run after each export, as JobBar's
         self.result: ExportResult | None = None
         self.format = w.ToggleButtons(options=FORMATS, description="Format", style=_WIDE)
         self.hf_assets = w.Text(
@@ -245,6 +246,8 @@ class ExportPanel(w.VBox):
             self.outcome.value = result_html(self.result)
         finally:
             self.export_button.disabled = False
+            for callback in self.finished:
+                callback()
 
     def _on_progress(self, step: Progress) -> None:
         now = time.monotonic()

@@ -17,12 +17,14 @@ class JobBar(w.HBox):
 
     ``run(work, on_result)`` cancels a job still running, starts the new one and, when it
     succeeds, calls ``on_result(result)`` (from the worker thread); a failure is shown in
-    the app's error box as ``<what> failed.``, a cancel as "cancelled".
+    the app's error box as ``<what> failed.``, a cancel as "cancelled". ``finished``:
+    callbacks run after every job, whatever its outcome (the header's bytes-read line).
     """
 
     def __init__(self, errors: ErrorBox, what: str) -> None:
         self.errors, self.what = errors, what
         self.job: Job | None = None
+        self.finished: list[Callable[[], None]] = []
         self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="240px"))
         self.status = w.Label()
         self.cancel_button = w.Button(description="Cancel", icon="stop", disabled=True)
@@ -60,6 +62,13 @@ class JobBar(w.HBox):
     def _done(self, job: Job, on_result: Callable[[Any], None]) -> None:
         if job is not self.job:
             return  # replaced by a newer job
+        try:
+            self._outcome(job, on_result)
+        finally:
+            for callback in self.finished:
+                callback()
+
+    def _outcome(self, job: Job, on_result: Callable[[Any], None]) -> None:
         self.cancel_button.disabled = True
         if job.cancelled:
             self.progress.bar_style, self.status.value = "warning", "cancelled"

@@ -120,6 +120,9 @@ def test_tree_badges_and_fp8_filter(demo_dir: Path) -> None:
     assert label(app, "layers").endswith("[14 FP8]")
     assert label(app, "layers.0.attention").endswith("[4 FP8]")  # wq, wk, wv, wo
     assert "[" not in label(app, "layers.0.attention_norm")  # plain weights
+    app.tree.filter.value = WQ
+    assert label(app, "layers").endswith("[1 FP8]")  # counted among the keys kept
+    app.tree.filter.value = ""
     app.tree.show.value = "FP8 only"
     assert set(leaves(app)) == wrapped and "14 of 347 keys match" in text(app.tree.status)
     app.tree.show.value = "errors only"

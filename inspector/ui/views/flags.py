@@ -34,6 +34,8 @@ class KeyFlags:
         self.flagged: dict[str, set[str]] = {b: set() for b in BADGES}
         self.ready = False
         self._counts: dict[tuple[str, str], Counter[str]] = {}
+        self._within_of: frozenset[str] | None = None  # the keys ``_within`` counted
+        self._within: dict[tuple[str, str], Counter[str]] = {}
 
     def badges(self, key: str) -> list[str]:
         """The badges of one key, from what is known now (a few lookups, nothing read)."""
@@ -61,6 +63,7 @@ class KeyFlags:
                 flagged[badge].add(key)
         counts = {(v, b): self._below(flagged[b], v) for v in VIEWS for b in BADGES}
         self.flagged, self._counts, self.ready = flagged, counts, True
+        self._within_of = None
 
     def select(self, entries: Iterable[Entry], show: str) -> list[Entry]:
         """The entries the ``show`` choice (a key of ``SHOWS``) keeps."""
@@ -72,9 +75,18 @@ class KeyFlags:
         keep = self.flagged[badge]
         return [e for e in entries if e.key in keep]
 
-    def count_below(self, prefix: str, view: str, badge: str) -> int:
-        """How many keys carrying ``badge`` lie below the node ``prefix`` of a ``view``."""
-        return self._count(view, badge)[prefix]
+    def count_below(
+        self, prefix: str, view: str, badge: str, within: frozenset[str] | None = None
+    ) -> int:
+        """How many keys carrying ``badge`` lie below the node ``prefix`` of a ``view``
+        (``within``: counting only those keys, the ones a filter kept)."""
+        if within is None:
+            return self._count(view, badge)[prefix]
+        if within is not self._within_of:
+            self._within_of, self._within = within, {}
+        if (view, badge) not in self._within:
+            self._within[(view, badge)] = self._below(self.flagged[badge] & within, view)
+        return self._within[(view, badge)][prefix]
 
     def _count(self, view: str, badge: str) -> Counter[str]:
         if (view, badge) not in self._counts:

@@ -67,6 +67,8 @@ class Inspector(w.VBox):
         self.open_button.on_click(
             self.errors.guard("Opening the checkpoint")(lambda _: self.load())
         )
+        self.path.add_class("inspector-path")
+        self.open_button.add_class("inspector-open")
         self.body = w.VBox()
         super().__init__(
             [w.HTML(STYLE), w.HBox([self.path, self.open_button]), self.errors, self.body]

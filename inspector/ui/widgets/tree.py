@@ -27,9 +27,16 @@ GAP = "\u00a0\u00a0\u00b7\u00a0\u00a0"
 ENTRY_COLUMNS = ("key", "dtype", "shape", "size", "chunks", "subclass", "fp8")
 
 
-def row_label(row: Row, page: int, flags: KeyFlags | None = None, view: str = "stored") -> str:
+def row_label(
+    row: Row,
+    page: int,
+    flags: KeyFlags | None = None,
+    view: str = "stored",
+    within: frozenset[str] | None = None,
+) -> str:
     """``▸ layers · 18 keys · 1.2 MB  [14 FP8]``, indented by depth (no-break spaces survive
-    <option>); a leaf shows its dtype, shape and badges (``[FP8]``, ``[error]``)."""
+    <option>); a leaf shows its dtype, shape and badges (``[FP8]``, ``[error]``); an inner
+    row counts its flagged keys (``within``: among the keys a filter kept)."""
     pad = INDENT * row.depth
     if row.kind == "more":
         return f"{pad}\u00a0\u00a0... {row.count:,} more: select to list {min(page, row.count):,}"
@@ -45,7 +52,7 @@ def row_label(row: Row, page: int, flags: KeyFlags | None = None, view: str = "s
     if entry is not None:
         marks = flags.badges(entry.key)
     elif flags.ready:
-        counts = ((flags.count_below(row.prefix, view, b), b) for b in BADGES)
+        counts = ((flags.count_below(row.prefix, view, b, within), b) for b in BADGES)
         marks = [f"{n:,} {b}" for n, b in counts if n]
     else:
         marks = []
@@ -105,6 +112,7 @@ class TreePanel(w.VBox):
         ):
             widget.add_class(f"inspector-{name}")
         self.outline: Outline
+        self.kept: frozenset[str] | None = None  # the keys a filter kept (None: all)
         self.selected = ""
         self.page = 0
         self._quiet = False
@@ -139,6 +147,8 @@ class TreePanel(w.VBox):
         view, pattern, show = self.view.value, self.filter.value, self.show.value
         entries = filter_entries(self.ck.entries(), view, pattern, self.mode.value)
         entries = self.flags.select(entries, show)
+        filtered = len(entries) < len(self.ck)
+        self.kept = frozenset(e.key for e in entries) if filtered else None
         root = build_tree(entries, view)
         self.outline = Outline(root, self.children_page)
         self.selected = ""
@@ -168,7 +178,8 @@ class TreePanel(w.VBox):
     def _render(self) -> None:
         page, view = self.outline.page, self.view.value
         options = [
-            (row_label(r, page, self.flags, view), (r.kind, r.prefix)) for r in self.outline.rows()
+            (row_label(r, page, self.flags, view, self.kept), (r.kind, r.prefix))
+            for r in self.outline.rows()
         ]
         self._quiet = True
         try:

@@ -307,6 +307,7 @@ def plot_by_layer(table: pandas.DataFrame, value: str, label: str, *, ax: Any = 
         ax.plot(group["layer"], group[value], marker="o", label=name)
     ax.set_xlabel("layer")
     ax.set_ylabel(label)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # layers are whole numbers
     if len(table):
         ax.legend(fontsize="small")
     return fig

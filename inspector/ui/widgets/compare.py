@@ -8,9 +8,10 @@ from typing import Any
 import ipywidgets as w
 
 import inspector
+from inspector.analysis.comparison import Comparison, compare
 from inspector.analysis.diff import plot_layer_differences
 from inspector.checkpoint import Checkpoint
-from inspector.ui.views.compare import SHOWN_COLUMNS, Comparison, compare
+from inspector.ui.views.compare import SHOWN_COLUMNS, comparison_rows
 from inspector.ui.views.plots import png
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.jobs import JobBar
@@ -34,7 +35,7 @@ def comparison_html(found: Comparison) -> str:
         else badge("fingerprints differ", "warn")
     )
     digests = f"{found.digest_a} (this) vs {found.digest_b} (other)"
-    rows = found.rows(ROWS_SHOWN)
+    rows = comparison_rows(found, ROWS_SHOWN)
     more = max(0, len(found.table) - ROWS_SHOWN)
     return (
         f"<div>{verdict}</div>"

@@ -1,4 +1,5 @@
-"""Run a snippet in a fresh interpreter and report its wall time and peak RSS.
+"""Run a snippet in a fresh interpreter and report its wall time, peak RSS and whether it
+imported torch; and the goal lines every benchmark prints.
 
 Peak RSS is the kernel's VmHWM for the child's own address space (``ru_maxrss`` would
 carry over the parent's peak across exec on Linux).
@@ -7,6 +8,7 @@ carry over the parent's peak across exec on Linux).
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -16,15 +18,14 @@ start = time.perf_counter()
 exec(compile(sys.argv[1], "<snippet>", "exec"))
 wall = time.perf_counter() - start
 hwm = re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read())
-print("@@" + json.dumps({"wall": wall, "peak": int(hwm.group(1)) * 1024}))
+print("@@" + json.dumps({"wall": wall, "peak": int(hwm.group(1)) * 1024,
+                         "torch": "torch" in sys.modules}))
 """
 
 
 def measure(snippet: str, *args: str) -> dict[str, float]:
-    """``{"wall": s, "peak": bytes}`` of ``snippet`` run by ``python -c`` (imports included).
-
-    The snippet sees ``args`` as ``sys.argv[2:]``.
-    """
+    """``{"wall": s, "peak": bytes, "torch": imported?}`` of ``snippet`` run by
+    ``python -c`` (imports included). The snippet sees ``args`` as ``sys.argv[2:]``."""
     done = subprocess.run(
         [sys.executable, "-c", _WRAPPER, snippet, *args],
         capture_output=True,
@@ -39,3 +40,22 @@ def measure(snippet: str, *args: str) -> dict[str, float]:
 
 def mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    """``low-high`` of the values (one value alone when they agree to ``digits``)."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def goal_line(what: str, values: list[float], limit: float, *, every: bool = False) -> bool:
+    """Print ``what``, the values' median and range, and PASS / MISS: the median (or, with
+    ``every``, every value) at most ``limit``. Returns whether it passed."""
+    judged = max(values) if every else statistics.median(values)
+    passed = judged <= limit
+    rule = "every run" if every else "median"
+    print(
+        f"goal {what}: {rule} {judged:.2f} (range {spread(values)}, {len(values)} runs) "
+        f"{'PASS' if passed else 'MISS'}"
+    )
+    return passed

@@ -12,6 +12,7 @@ Run: ``.venv/bin/python benchmarks/scan_subclasses.py``.
 from __future__ import annotations
 
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from peak import goal_line
 
 import inspector
 
@@ -69,7 +71,7 @@ def bytes_read(fn, path: Path) -> int:
     return rchar() - before
 
 
-def main(rounds: int = 5) -> float:
+def main(rounds: int = 5) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         small, large = Path(tmp) / "small", Path(tmp) / "large"
         build(small, SMALL)
@@ -90,11 +92,8 @@ def main(rounds: int = 5) -> float:
         read = {name: bytes_read(scan, path) for name, path in (("small", small), ("large", large))}
         print(f"scan bytes read: small {read['small']:,}, large {read['large']:,}")
         ratio = max(t["scan", "large"] / t["scan", "small"], read["large"] / read["small"])
-        print(
-            f"ratio scan(large) / scan(small), worst of time and bytes: {ratio:.2f}  (goal <= 1.5)"
-        )
-        return ratio
+        return goal_line("scan(large) / scan(small), worst of time and bytes, <= 1.5", [ratio], 1.5)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(0 if main() else 1)

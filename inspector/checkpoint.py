@@ -88,7 +88,7 @@ class Checkpoint:
         self.source = source
         entries = with_components(source.entries())
         self._entries = {e.key: e for e in entries}
-        self.scale_pairs: ScalePairs = scaled_pairs(entries)
+        self.scale_pairs: ScalePairs = scaled_pairs(self._entries)
         self._detections: dict[str, Detection] = {}
         self._damage: dict[str, str] = {}
         self._layout = detect_layout(entries, nesting=source.nesting)

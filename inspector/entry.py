@@ -70,9 +70,42 @@ class Entry:
         return tuple(dict.fromkeys(c.file for c in self.chunks))
 
 
+_new = object.__new__
+(_key, _kind, _dtype, _shape, _chunks, _nested, _component, _error) = (
+    Entry.__dict__[field].__set__ for field in Entry.__slots__
+)
+
+
+def make_entry(
+    key: str,
+    kind: Kind,
+    dtype: str | None = None,
+    shape: tuple[int, ...] | None = None,
+    chunks: tuple[ChunkInfo, ...] = (),
+    nested_path: tuple[Any, ...] = (),
+    component: str = "other",
+    error: str | None = None,
+) -> Entry:
+    """``Entry(...)`` for formats that build entries by the hundred thousand: the same frozen
+    record, its slots filled directly instead of by the dataclass ``__init__`` (which goes
+    through ``object.__setattr__`` per field: 2-3x slower). Pass arguments by position."""
+    entry = _new(Entry)
+    _key(entry, key)
+    _kind(entry, kind)
+    _dtype(entry, dtype)
+    _shape(entry, shape)
+    _chunks(entry, chunks)
+    _nested(entry, nested_path)
+    _component(entry, component)
+    _error(entry, error)
+    return entry
+
+
 def layout_problem(shape: tuple[int, ...], chunks: tuple[ChunkInfo, ...]) -> str | None:
     """Why ``chunks`` do not tile a tensor of ``shape`` exactly (a chunk outside it, elements
     missing or stored twice), or None."""
+    if len(chunks) == 1 and chunks[0].sizes == shape and chunks[0].offsets == (0,) * len(shape):
+        return None  # the whole tensor in one chunk (most keys): the checks below agree
     for c in chunks:
         ends = zip(c.offsets, c.sizes, shape, strict=True)
         if (

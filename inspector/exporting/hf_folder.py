@@ -81,9 +81,12 @@ def export_hf(
         safetensors_dtype(item.dtype, item.name)
     config = with_dtype(found.config, items)
     meter = Meter(sum(i.nbytes for i in items), progress, on_progress)
+    before = checking.SourceState(ck)
     try:
         with new_folder(out), atomic_files(out, overwrite) as files:
-            index = _write_shards(files, out, items, limit, _metadata(ck, found.arch), meter)
+            index, crcs = _write_shards(
+                files, out, items, limit, _metadata(ck, found.arch), meter, verify
+            )
             files.temp_for(out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
             for asset in assets:
                 shutil.copyfile(asset, files.temp_for(out / asset.name))
@@ -96,7 +99,7 @@ def export_hf(
         checker = Meter(sum(i.nbytes for i in items), progress, on_progress, "verify")
         try:
             target = index or out / planning.shard_names(1)[0]
-            verification = checking.verify(target, planned, False, checker)
+            verification = checking.verify(target, planned, False, checker, crcs, before)
         finally:
             checker.close()
             weights.release()
@@ -140,19 +143,23 @@ def _write_shards(
     limit: int,
     metadata: dict[str, str],
     meter: Meter,
-) -> Path | None:
-    """``model.safetensors``, or shards plus the index (returned) when past ``limit``."""
+    checksums: bool,
+) -> tuple[Path | None, dict[str, int]]:
+    """``model.safetensors``, or shards plus the index (returned) when past ``limit``; each
+    item's CRC-32 by name with ``checksums``."""
     shards = planning.plan_shards(items, limit)
     names = planning.shard_names(len(shards))
+    crcs: dict[str, int] = {}
     for name, shard in zip(names, shards, strict=True):
-        write_safetensors(files.temp_for(out / name), shard, metadata, meter)
+        temp = files.temp_for(out / name)
+        crcs.update(write_safetensors(temp, shard, metadata, meter, checksums=checksums))
     if len(shards) == 1:
-        return None
+        return None, crcs
     index = out / INDEX_NAME
     weight_map = {i.name: name for name, shard in zip(names, shards, strict=True) for i in shard}
     body = {"metadata": {"total_size": sum(i.nbytes for i in items)}, "weight_map": weight_map}
     files.temp_for(index).write_text(json.dumps(body, indent=2) + "\n")
-    return index
+    return index, crcs
 
 
 def _metadata(ck: Checkpoint, arch: str) -> dict[str, str]:

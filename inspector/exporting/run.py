@@ -8,7 +8,6 @@ names only when the whole export succeeded; the source is only read.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
@@ -220,27 +219,28 @@ def export(
     planned = plan.name_outputs(ck, found, cast, flatten, rename)
     objects = [k for k in selected if ck.entry(k).kind == "object"]
     meter = Meter(sum(p.item.nbytes for p in planned), progress, on_progress)
+    before = checking.SourceState(ck)
     try:
         if format == "safetensors":
             metadata = _metadata(ck, fp8, cast)
-            files, index, done = _write_safetensors(
-                out, planned, metadata, max_shard_size, overwrite, on_error, skipped, meter
+            files, index, crcs = _write_safetensors(
+                out, planned, metadata, max_shard_size, overwrite, on_error, skipped, meter, verify
             )
             written_objects = 0
         else:
-            files, written_objects, done = _write_pt(
+            files, written_objects, crcs = _write_pt(
                 ck, out, planned, objects, nested, overwrite, on_error, skipped, meter
             )
             index = None
     finally:
         meter.close()
-    kept = [p for p in planned if p.item.name in done]
+    kept = [p for p in planned if p.item.name in crcs]
     verification = None
     if verify:
         checker = Meter(sum(p.item.nbytes for p in kept), progress, on_progress, "verify")
         try:
             target = files[0] if index is None else index
-            verification = checking.verify(target, kept, nested, checker)
+            verification = checking.verify(target, kept, nested, checker, crcs, before)
         finally:
             checker.close()
     return ExportResult(
@@ -281,7 +281,8 @@ def _resolved(folder: Path, name: str) -> Path | None:
 
 
 class Meter:
-    """A tqdm bar in bytes plus the caller's callback."""
+    """A tqdm bar in bytes (none without ``progress``: tqdm is not even imported) plus the
+    caller's callback."""
 
     def __init__(
         self,
@@ -290,19 +291,23 @@ class Meter:
         callback: Callable[[Progress], None] | None,
         phase: str = "write",
     ) -> None:
-        from tqdm.auto import tqdm
-
         self.total, self.done, self.callback, self.phase = total, 0, callback, phase
-        self.bar = tqdm(total=total, unit="B", unit_scale=True, desc=phase, disable=not progress)
+        self.bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc=phase)
 
     def __call__(self, item: Item) -> None:
         self.done += item.nbytes
-        self.bar.update(item.nbytes)
+        if self.bar is not None:
+            self.bar.update(item.nbytes)
         if self.callback is not None:
             self.callback(Progress(self.phase, self.done, self.total, item.name))
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _retrying(
@@ -333,7 +338,9 @@ def _write_safetensors(
     on_error: str,
     skipped: dict[str, str],
     meter: Meter,
-) -> tuple[list[Path], Path | None, set[str]]:
+    checksums: bool,
+) -> tuple[list[Path], Path | None, dict[str, int]]:
+    """The shards and index; each written item's CRC-32 by name (0 without ``checksums``)."""
     single_file = out.suffix == ".safetensors"
     folder = out.parent if single_file else out
     items = [_keyed(p) for p in planned]
@@ -349,15 +356,15 @@ def _write_safetensors(
     folder.mkdir(parents=True, exist_ok=True)
     names = [out.name] if single_file else plan.shard_names(len(shards))
     weight_map: dict[str, str] = {}
+    crcs: dict[str, int] = {}
     with atomic_files(folder, overwrite) as files:
         for name, shard in zip(names, shards, strict=True):
             temp = files.temp_for(folder / name)
-            done = _retrying(
-                functools.partial(_write_shard, temp, metadata=metadata, meter=meter),
-                shard,
-                on_error,
-                skipped,
-            )
+
+            def write(items: list[Item], temp: Path = temp) -> None:
+                crcs.update(write_safetensors(temp, items, metadata, meter, checksums=checksums))
+
+            done = _retrying(write, shard, on_error, skipped)
             weight_map |= {i.name: name for i in done}
         index = None
         if len(shards) > 1:
@@ -366,11 +373,7 @@ def _write_safetensors(
             body = {"metadata": {"total_size": total}, "weight_map": weight_map}
             files.temp_for(index).write_text(json.dumps(body, indent=2) + "\n")
         written = files.commit()
-    return [p for p in written if p != index], index, set(weight_map)
-
-
-def _write_shard(path: Path, items: list[Item], *, metadata: dict[str, str], meter: Meter) -> None:
-    write_safetensors(path, items, metadata, meter)
+    return [p for p in written if p != index], index, {k: crcs.get(k, 0) for k in weight_map}
 
 
 def _keyed(planned: Planned) -> Item:
@@ -411,7 +414,7 @@ def _write_pt(
     on_error: str,
     skipped: dict[str, str],
     meter: Meter,
-) -> tuple[list[Path], int, set[str]]:
+) -> tuple[list[Path], int, dict[str, int]]:
     from inspector.formats.torch_save.writer import weights_only_problem, write_torch_save
 
     values = {}
@@ -429,17 +432,21 @@ def _write_pt(
         else:
             values[key] = value
     out.parent.mkdir(parents=True, exist_ok=True)
+    crcs: dict[str, int] = {}
     with atomic_files(out.parent, overwrite) as files:
         temp = files.temp_for(out)
 
         def write(items: list[Item]) -> None:
             names = {i.name for i in items}
             kept = [p for p in planned if p.item.name in names]
-            write_torch_save(temp, _pt_structure(ck, kept, items, values, nested), meter)
+            crcs.clear()
+            crcs.update(
+                write_torch_save(temp, _pt_structure(ck, kept, items, values, nested), meter)
+            )
 
-        done = _retrying(write, [_keyed(p) for p in planned], on_error, skipped)
+        _retrying(write, [_keyed(p) for p in planned], on_error, skipped)
         written = files.commit()
-    return written, len(values), {i.name for i in done}
+    return written, len(values), crcs
 
 
 def _pt_structure(

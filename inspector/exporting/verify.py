@@ -1,29 +1,53 @@
-"""Checking an export: the output re-opened and compared, tensor by tensor, with what was
-meant to be written (the source's bytes for copies, a fresh production for conversions)."""
+"""Checking an export at about the cost of one read of the output: digests, not bytes.
+
+What each comparison proves:
+
+- While writing, every tensor gets a CRC-32 of what was meant to be written (``crcs``,
+  :func:`~inspector.formats.writing.write_item`): for a plain copy whose source records
+  a CRC-32 for exactly those bytes (a DCP item's or a ``.pt``'s storage record), that
+  recorded CRC, combined over the tensor's chunks, so the bytes are not read at all: it
+  is what the *producer* saved. For other copies, the CRC of the source bytes read
+  beside the kernel's copy; for conversions, of the produced tensor in hand.
+- Verifying re-opens the output and re-reads each tensor's bytes into a CRC: equal to
+  the write-time CRC means the output holds exactly those bytes. A flipped byte in the
+  output, a torn write or a wrong offset differs; so does a source damaged before the
+  copy when its recorded CRC stood in (the copy of damaged bytes misses the producer's
+  CRC); so do bytes that changed under a copy (the kernel's copy and the CRC's read disagree).
+- A change to the source after its bytes were read cannot show in any digest of the
+  output. The source files' stamps (size, mtime, ctime, inode) are taken before writing
+  and compared now: when one changed, every tensor is also checked against the source as
+  it is now (re-read, or re-produced for conversions), so a changed source is reported as
+  the tensors it changed, never silently accepted. (Changes that leave a file's stamp
+  alone, such as bit rot on the disk itself, are what the source's own CRCs are for.)
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from inspector.errors import InspectorError
 from inspector.exporting.plan import Planned
 from inspector.formats.base import bytes_view
-from inspector.formats.writing import Item
+from inspector.formats.writing import Item, produced
 from inspector.storage.base import ByteRange
+from inspector.storage.digest import Stamp, crc32, ranges_crc, stamps
 
 if TYPE_CHECKING:
     from inspector.checkpoint import Checkpoint
 
+
 @dataclass(frozen=True)
 class Verification:
-    """How the output compared: tensors checked, those that differ, seconds taken."""
+    """How the output compared: tensors checked, those that differ (and why), seconds taken."""
 
     checked: int
     mismatched: tuple[str, ...]
     seconds: float
+    reasons: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -32,60 +56,91 @@ class Verification:
     def __str__(self) -> str:
         if self.ok:
             return f"verified {self.checked} tensors bit-exact in {self.seconds:.1f} s"
-        shown = list(self.mismatched[:5])
+        shown = "; ".join(f"{k}: {self.reasons.get(k, 'differs')}" for k in self.mismatched[:3])
         return f"{len(self.mismatched)} of {self.checked} tensors differ: {shown}"
 
 
+class SourceState:
+    """The stamps of a checkpoint's files at one moment (taken before an export reads them)."""
+
+    def __init__(self, ck: Checkpoint) -> None:
+        self.storage = ck.source.storage
+        self.stamps: dict[str, Stamp | None] = stamps(self.storage, ck.source_files)
+
+    def changed(self) -> list[str]:
+        """The files whose stamp differs now."""
+        now = stamps(self.storage, self.stamps)
+        return [name for name, stamp in self.stamps.items() if now[name] != stamp]
+
+
 def verify(
-    path: Path, planned: list[Planned], nested: bool, progress: Callable[[Item], None]
+    path: Path,
+    planned: list[Planned],
+    nested: bool,
+    progress: Callable[[Item], None],
+    crcs: dict[str, int],
+    before: SourceState,
 ) -> Verification:
-    """Re-open ``path`` and compare each planned tensor's bytes (``progress`` per tensor)."""
+    """Re-open ``path`` and compare each planned tensor's bytes with the CRC-32 they were
+    written with (``progress`` per tensor); re-check against the source if it changed."""
     from inspector.checkpoint import open as open_checkpoint
 
     started = time.perf_counter()
     written = open_checkpoint(path)
-    mismatched = []
+    changed = before.changed()
+    reasons = {}
     for p in planned:
         key = ".".join(map(str, p.path)) if nested else p.item.name
-        if not _written_as_planned(written, key, p.item):
-            mismatched.append(p.item.name)
+        reason = _written_problem(written, key, p.item, crcs[p.item.name])
+        if reason is None and changed:
+            reason = _source_problem(p.item, crcs[p.item.name], changed)
+        if reason is not None:
+            reasons[p.item.name] = reason
         progress(p.item)
-    return Verification(len(planned), tuple(mismatched), time.perf_counter() - started)
+    return Verification(len(planned), tuple(reasons), time.perf_counter() - started, reasons)
 
 
-def _written_as_planned(written: Checkpoint, key: str, item: Item) -> bool:
+def _written_problem(written: Checkpoint, key: str, item: Item, crc: int) -> str | None:
+    """Why the output's tensor ``key`` is not what was written, or None."""
     if key not in written:
-        return False
+        return "missing from the output"
     entry = written.entry(key)
     if (entry.dtype, entry.shape) != (item.dtype, item.shape):
-        return False
-    ours = written.byte_ranges(key)
-    source = item.ranges() if item.ranges is not None else None
-    if ours is None:
-        return False
-    if source is not None:
-        return _same_stream(_range_blocks(ours), _range_blocks(source))
-    tensor = item.produce().contiguous()
-    return _same_stream(_range_blocks(ours), iter([bytes_view(tensor)]))
+        return f"output holds {entry.dtype} {list(entry.shape or ())}"
+    ranges = written.byte_ranges(key)
+    if ranges is None:
+        return "output bytes are not plain"
+    found = ranges_crc(ranges)
+    return None if found == crc else _differs(item, found)
 
 
-def _range_blocks(ranges: list[ByteRange]) -> Iterator[memoryview]:
-    """The ranges' bytes in blocks, each valid until the next is taken (as _same_stream does)."""
-    for r in ranges:
-        yield from r.storage.blocks(r.name, r.offset, r.length)
+def _differs(item: Item, found: int) -> str:
+    """Which side is wrong when the output misses its write-time CRC: a source whose own
+    recorded CRC stood in may itself hold other bytes (then the output copied them)."""
+    ranges = _copied(item)
+    if ranges and all(r.crc is not None for r in ranges) and ranges_crc(ranges) == found:
+        return "the source's bytes do not match the CRC-32 it records for them (damaged source)"
+    return "output bytes differ from those written (CRC-32)"
 
 
-def _same_stream(a: Iterator[Any], b: Iterator[Any]) -> bool:
-    """Whether two streams of byte blocks (cut anywhere) hold the same bytes."""
-    left, right = memoryview(b""), memoryview(b"")
-    while True:
-        if not left:
-            left = memoryview(next(a, b"")).cast("B")
-        if not right:
-            right = memoryview(next(b, b"")).cast("B")
-        if not left or not right:
-            return not left and not right
-        n = min(len(left), len(right))
-        if left[:n] != right[:n]:
-            return False
-        left, right = left[n:], right[n:]
+def _copied(item: Item) -> list[ByteRange] | None:
+    """The source ranges a plain copy of ``item`` reads (None when it is produced)."""
+    ranges = item.ranges() if item.ranges is not None else None
+    return ranges if ranges is not None and sum(r.length for r in ranges) == item.nbytes else None
+
+
+def _source_problem(item: Item, crc: int, changed: list[str]) -> str | None:
+    """Why the source, which changed since it was read, no longer gives these bytes."""
+    try:
+        ranges = _copied(item)
+        if ranges is not None:
+            now = ranges_crc(ranges)
+        else:
+            tensor = produced(item)
+            now = crc32(bytes_view(tensor)) if tensor.numel() else 0
+    except InspectorError as exc:
+        return f"source changed since it was read ({', '.join(changed[:3])}): {exc.reason}"
+    if now != crc:
+        return f"source changed since it was read ({', '.join(changed[:3])})"
+    return None
+

@@ -388,12 +388,22 @@ def header_bytes(items: Sequence[Item], metadata: dict[str, str]) -> bytes:
 
 
 def write_safetensors(
-    path: Path, items: Sequence[Item], metadata: dict[str, str], progress: Callable[[Item], None]
-) -> None:
-    """One safetensors file, tensors written one at a time after the header."""
+    path: Path,
+    items: Sequence[Item],
+    metadata: dict[str, str],
+    progress: Callable[[Item], None],
+    *,
+    checksums: bool = False,
+) -> dict[str, int]:
+    """One safetensors file, tensors written one at a time after the header; with
+    ``checksums``, each item's CRC-32 by name (see :func:`write_item`), else ``{}``."""
+    crcs = {}
     with open(path, "wb", buffering=0) as f:
         write_all(f.fileno(), header_bytes(items, metadata))
         for item in items:
-            write_item(f.fileno(), item, crc=False)
+            crc = write_item(f.fileno(), item, crc=checksums)
+            if checksums:
+                crcs[item.name] = crc
             progress(item)
         os.fsync(f.fileno())
+    return crcs

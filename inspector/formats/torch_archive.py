@@ -35,11 +35,14 @@ _MAX_PICKLE_BYTES = 1 << 30
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """A stored (uncompressed) zip member: ``size`` bytes at ``start`` of the archive stream."""
+    """A stored (uncompressed) zip member: ``size`` bytes at ``start`` of the archive stream;
+    ``crc``: the CRC-32 the archive records for them (None when it records none: torch.save
+    with CRCs turned off writes 0)."""
 
     name: str
     start: int
     size: int
+    crc: int | None = None
 
 
 def read_exact_into(
@@ -85,9 +88,10 @@ class StoredTensors:
         """Replace every TensorRef in ``value`` (containers, subclass attributes) by a tensor."""
         return materialize(value, self.read_tensor)
 
-    def contiguous_start(self, shape: tuple[int, ...], dtype: str) -> int | None:
-        """Stream offset of the archive's tensor bytes when it holds one plain contiguous
-        tensor of ``shape`` and ``dtype`` (checked against its record); else None."""
+    def contiguous_bytes(self, shape: tuple[int, ...], dtype: str) -> Record | None:
+        """Where the archive's tensor bytes lie (stream offsets) when it holds one plain
+        contiguous tensor of ``shape`` and ``dtype`` (checked against its record); else None.
+        The record's CRC-32 comes along when the tensor's bytes are the whole record."""
         ref = self.load()
         if not isinstance(ref, TensorRef) or ref.storage is None:
             return None
@@ -97,7 +101,7 @@ class StoredTensors:
             return None
         record = self.record(ref.storage.key)
         check_fits(record, ref, file=self.path, key=self.key)
-        return record.start + ref.storage_offset * dtypes.itemsize(dtype)
+        return tensor_bytes(record, ref)
 
 
 class TorchArchive(StoredTensors):
@@ -181,7 +185,7 @@ class TorchArchive(StoredTensors):
                 f"storage record {name!r} is compressed", file=self.path, key=self.key
             )
         start = _data_start(self.f, info, self.length, file=self.path, key=self.key)
-        return Record(name, start, info.file_size)
+        return Record(name, start, info.file_size, info.CRC or None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +277,15 @@ def check_fits(record: Record, ref: TensorRef, *, file: str, key: str | None) ->
             file=file,
             key=key,
         )
+
+
+def tensor_bytes(record: Record, ref: TensorRef) -> Record:
+    """The bytes of a contiguous ``ref`` inside ``record`` (which it fits), with the record's
+    CRC-32 when they are all of it."""
+    start = record.start + ref.storage_offset * dtypes.itemsize(ref.dtype)
+    size = math.prod(ref.shape) * dtypes.itemsize(ref.dtype)
+    whole = start == record.start and size == record.size
+    return Record(record.name, start, size, record.crc if whole else None)
 
 
 def read_storage_tensor(

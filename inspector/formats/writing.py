@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -13,6 +12,7 @@ from inspector.errors import ExportError
 from inspector.formats.base import bytes_view
 from inspector.storage.base import ByteRange
 from inspector.storage.copy import copy_range, write_all
+from inspector.storage.digest import crc32, crc32_combine
 
 if TYPE_CHECKING:
     import torch
@@ -38,19 +38,29 @@ class Item:
 
 
 def write_item(fd: int, item: Item, *, crc: bool) -> int:
-    """Write the item's bytes at the fd's position; returns their CRC-32 when asked."""
+    """Write the item's bytes at the fd's position; returns their CRC-32 when asked (else 0).
+
+    Copied bytes whose source records their CRC-32 are not read at all: that CRC (combined
+    over the item's ranges) stands for them, so the digest is what the producer saved.
+    Other copied bytes are checksummed while the kernel copies them; produced ones from
+    the tensor in hand.
+    """
     ranges = item.ranges() if item.ranges is not None else None
     if ranges is not None and sum(r.length for r in ranges) == item.nbytes:
         value = 0
         for byte_range in ranges:
-            value = copy_range(byte_range, fd, value if crc else None)
+            if crc and byte_range.crc is not None:
+                copy_range(byte_range, fd)
+                value = crc32_combine(value, byte_range.crc, byte_range.length)
+            else:
+                value = copy_range(byte_range, fd, value if crc else None)
         return value
     tensor = produced(item)
     if not tensor.numel():
         return 0
     data = bytes_view(tensor)
     write_all(fd, data)
-    return zlib.crc32(data) if crc else 0
+    return crc32(data) if crc else 0
 
 
 def produced(item: Item) -> torch.Tensor:

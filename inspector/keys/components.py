@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from inspector.entry import COMPONENTS, Entry
+from inspector.entry import COMPONENTS, Entry, make_entry
 
 _ALIASES = {
     "model": "model",
@@ -54,7 +54,9 @@ def with_components(entries: list[Entry]) -> list[Entry]:
         if component == e.component and path is e.nested_path:
             out.append(e)
         else:
-            out.append(Entry(e.key, e.kind, e.dtype, e.shape, e.chunks, path, component, e.error))
+            out.append(
+                make_entry(e.key, e.kind, e.dtype, e.shape, e.chunks, path, component, e.error)
+            )
     return out
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
+from math import prod
 from typing import Any, NamedTuple
 
+from inspector.dtypes import itemsize
 from inspector.entry import Entry
 from inspector.errors import MissingKeyError
 from inspector.gc_pause import paused_gc
@@ -40,7 +42,9 @@ class _Spelled:
             raise ValueError(f"view must be one of {VIEWS}, not {view!r}")
         self.view = view
         self.entries = entries
-        self.keys = [view_key(e, view) for e in entries]
+        self.keys = (
+            [e.key for e in entries] if view == "stored" else [view_key(e, view) for e in entries]
+        )
         self.parts = [k.split(".") for k in self.keys]
         self._sizes: list[tuple[str, int, int]] | None = None
 
@@ -255,9 +259,15 @@ class KeyNode:
 
 
 def sized(entry: Entry) -> tuple[str, int, int]:
-    """(dtype, or "object" / "unknown" without one; numel; nbytes): what totals count."""
-    name = entry.dtype or ("object" if entry.kind == "object" else "unknown")
-    return name, entry.numel, entry.nbytes
+    """(dtype, or "object" / "unknown" without one; numel; nbytes): what totals count.
+    The same as ``entry.numel`` / ``entry.nbytes``, in one pass (it runs once per key)."""
+    dtype, shape = entry.dtype, entry.shape
+    numel = prod(shape) if shape is not None else 0
+    if entry.kind != "tensor":
+        return dtype or "object", numel, sum(c.byte_length for c in entry.chunks)
+    if dtype is None:
+        return "unknown", numel, 0
+    return dtype, numel, numel * itemsize(dtype)
 
 
 def tally(sums: dict[str, list[int]], name: str, numel: int, nbytes: int) -> None:

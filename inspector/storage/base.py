@@ -66,12 +66,14 @@ class WindowReader(io.BufferedReader):
 
 @dataclass(frozen=True, slots=True)
 class ByteRange:
-    """``length`` bytes at ``offset`` of file ``name`` in ``storage``."""
+    """``length`` bytes at ``offset`` of file ``name`` in ``storage``; ``crc`` is the CRC-32
+    the file itself records for exactly these bytes (a zip record's), when it records one."""
 
     storage: Storage
     name: str
     offset: int
     length: int
+    crc: int | None = None
 
 
 class Storage(Protocol):

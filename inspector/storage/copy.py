@@ -6,12 +6,12 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
 from inspector.errors import ExportError
 from inspector.storage.base import ByteRange
+from inspector.storage.digest import crc32
 
 _COPY_BLOCK = 1 << 23
 
@@ -69,7 +69,7 @@ def _copy_by_blocks(source: ByteRange, fd: int, crc: int | None) -> int:
     for block in source.storage.blocks(source.name, source.offset, source.length):
         write_all(fd, block)
         if crc is not None:
-            value = zlib.crc32(block, value)
+            value = crc32(block, value)
     return value
 
 
@@ -90,7 +90,7 @@ def _blocks(fd: int, offset: int, length: int, source: ByteRange) -> Iterator[me
 
 
 class _Checksum(threading.Thread):
-    """CRC-32 of a byte range, computed in a thread (zlib and reads release the GIL)."""
+    """CRC-32 of a byte range, computed in a thread (reads release the GIL)."""
 
     def __init__(self, fd: int, source: ByteRange, start: int) -> None:
         super().__init__(daemon=True)
@@ -101,7 +101,7 @@ class _Checksum(threading.Thread):
     def run(self) -> None:
         try:
             for block in _blocks(self.fd, self.source.offset, self.source.length, self.source):
-                self.value = zlib.crc32(block, self.value)
+                self.value = crc32(block, self.value)
         except BaseException as exc:  # handed to the caller by result()
             self.error = exc
 

@@ -9,7 +9,7 @@ DeepSeek-V3 / Hugging Face block FP8 stores ``weight`` (float8_e4m3fn) next to
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from inspector import dtypes
@@ -109,9 +109,10 @@ def _scale_candidates(key: str) -> list[str]:
     return names
 
 
-def scaled_pairs(entries: Iterable[Entry]) -> ScalePairs:
-    """Plain float8 tensors whose scale sibling exists and fits their shape."""
-    by_key = {e.key: e for e in entries}
+def scaled_pairs(entries: Iterable[Entry] | Mapping[str, Entry]) -> ScalePairs:
+    """Plain float8 tensors whose scale sibling exists and fits their shape (``entries``:
+    the entries, or them by key)."""
+    by_key = entries if isinstance(entries, Mapping) else {e.key: e for e in entries}
     pairs = {}
     for weight in by_key.values():
         if weight.kind != "tensor" or weight.dtype not in dtypes.FLOAT8 or not weight.shape:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -503,14 +502,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `ckpt-inspect ls ... | head` ends quietly
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except InspectorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `ckpt-inspect ls ... | head` ends quietly
+        _silence_stdout()
+        return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit does not hit the closed pipe again.
+    (Not SIGPIPE's default action: that is process-wide, and would also kill a caller in the
+    same process on a socket a server closed.)"""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,24 @@ def test_ls_table(demo_dir: Path) -> None:
         "KB",
     ]
     assert len(lines) == 2 + len(inspector.open(demo_dir / "prefixed").keys())
+
+
+def test_ls_into_a_closed_pipe_ends_quietly(demo_dir: Path) -> None:
+    exe = Path(sys.executable).with_name("ckpt-inspect")
+    result = subprocess.run(
+        f"'{exe}' ls '{demo_dir / 'prefixed'}' --json | head -c 100",  # > a pipe's 64 KiB
+        shell=True, capture_output=True, text=True, timeout=120,
+    )
+    assert len(result.stdout) == 100 and result.stdout.startswith("{")
+    assert result.stderr == ""
+
+
+def test_main_leaves_signal_handlers_alone(demo_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """Run in-process (a notebook, a test), the CLI must not make SIGPIPE kill its caller."""
+    before = signal.getsignal(signal.SIGPIPE)
+    assert main(["ls", str(demo_dir / "prefixed")]) == 0
+    assert signal.getsignal(signal.SIGPIPE) == before == signal.SIG_IGN
+    assert "layout=prefixed" in capsys.readouterr().out
 
 
 def test_ls_json(demo_dir: Path) -> None:

@@ -19,12 +19,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
-from inspector.entry import ChunkInfo, Entry, layout_problem
-from inspector.errors import (
-    CorruptCheckpointError,
-    InspectorError,
-    UnsupportedError,
-)
+from inspector.entry import ChunkInfo, Entry, layout_problem, make_entry
+from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
 from inspector.formats import safe_pickle
 from inspector.formats.base import ChunkValue, Step, StoredRecord, file_sizes
 from inspector.formats.dcp import megatron
@@ -124,7 +120,7 @@ class DcpSource:
                 "tensor byte ranges taken from their headers"
             )
         self.notes = tuple(notes)
-        data_files = sorted({f for e in self._entries for f in e.files})
+        data_files = sorted({c.file for e in self._entries for c in e.chunks})
         self.source_files = (*files, *data_files)
         ranks = {m.group(1) for f in data_files if (m := RANK_FILE.fullmatch(f))}
         ranks |= {m.group(1) for f in files if (m := RANK_METADATA.fullmatch(f))}
@@ -226,11 +222,10 @@ class DcpSource:
         if chunk.transforms:
             return None
         dtype = _dtype(entry)
-        start = self._on_archive(entry, index, lambda a: a.contiguous_start(chunk.sizes, dtype))
-        if start is None:
+        where = self._on_archive(entry, index, lambda a: a.contiguous_bytes(chunk.sizes, dtype))
+        if where is None:
             return None
-        length = chunk.numel * dtypes.itemsize(dtype)
-        return ByteRange(self.storage, name, chunk.byte_offset + start, length)
+        return ByteRange(self.storage, name, chunk.byte_offset + where.start, where.size, where.crc)
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:
         if entry.chunks[index].file in self._safetensors:
@@ -474,32 +469,28 @@ def _box(chunk: Any) -> tuple:
 
 def _entries(md: Metadata, storage: Storage, referrer: str) -> list[Entry]:
     planner = md.planner_data if isinstance(md.planner_data, dict) else None
-    storage_by_key = _storage_by_key(md.storage_data)
-    names = {
-        info.relative_path
-        for per in storage_by_key.values()
-        for info in per.values()
-        if isinstance(getattr(info, "relative_path", None), str)
-    }
+    storage_by_key, names = _storage_by_key(md.storage_data)
     sizes = file_sizes(storage, names, referrer=referrer)
     source = referrer.rsplit("/", 1)[-1]
-    entries = []
+    entries: list[Entry] = []
+    append = entries.append
+    no_records: dict[tuple | None, Any] = {}
     for key, item in md.state_dict_metadata.items():
         if not isinstance(key, str):
             raise CorruptCheckpointError(
                 f"metadata key {_text(key)} is not a string", file=referrer
             )
-        where = storage_by_key.get(key, {})
+        where = storage_by_key.get(key, no_records)
         try:
             nested = _nested_path(key, planner)
             if isinstance(item, TensorStorageMetadata):
-                entries.append(_tensor_entry(key, item, nested, where, sizes, source))
+                append(_tensor_entry(key, item, nested, where, sizes, source))
             elif isinstance(item, BytesStorageMetadata):
-                entries.append(_object_entry(key, nested, where, sizes, source))
+                append(_object_entry(key, nested, where, sizes, source))
             else:
                 raise TypeError(f"unknown storage metadata {type(item).__name__}")
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            entries.append(Entry(key, "object", error=f"malformed {source} ({_text(str(exc))})"))
+            append(Entry(key, "object", error=f"malformed {source} ({_text(str(exc))})"))
     return entries
 
 
@@ -511,52 +502,69 @@ def _nested_path(key: str, planner: dict | None) -> tuple:
     path = planner.get(key)
     if not isinstance(path, (tuple, list)) or not path:
         return (key,)
-    if len(path) > 64 or not all(
-        isinstance(p, str) or (type(p) is int and 0 <= p < 1 << 20) for p in path
-    ):
+    if len(path) > 64:
         raise ValueError("planner_data path is not a list of names and small indices")
+    for p in path:
+        if not (isinstance(p, str) or (type(p) is int and 0 <= p < 1 << 20)):
+            raise ValueError("planner_data path is not a list of names and small indices")
     return tuple(path)
 
 
-def _storage_by_key(storage_data: dict) -> dict[str, dict[tuple | None, Any]]:
+def _storage_by_key(storage_data: dict) -> tuple[dict[str, dict[tuple | None, Any]], set[str]]:
+    """Storage records by key, then by chunk offsets (None for objects); and the file names
+    they refer to."""
     by_key: dict[str, dict[tuple | None, Any]] = {}
+    names = set()
     for index, info in storage_data.items():
         fqn = getattr(index, "fqn", None)
         offset = getattr(index, "offset", None)
         if isinstance(fqn, str) and (offset is None or isinstance(offset, (tuple, list))):
-            by_key.setdefault(fqn, {})[None if offset is None else tuple(offset)] = info
-    return by_key
+            per = by_key.get(fqn)
+            if per is None:
+                per = by_key[fqn] = {}
+            per[None if offset is None else tuple(offset)] = info
+            name = getattr(info, "relative_path", None)
+            if isinstance(name, str):
+                names.add(name)
+    return by_key, names
 
 
 def _tensor_entry(key: str, md: Any, nested: tuple, where: dict, sizes: dict, source: str) -> Entry:
     """The entry of a tensor; problems that ``.metadata`` itself shows are named after it."""
     dtype = getattr(getattr(md, "properties", None), "dtype", None)
-    name = str(dtype) if isinstance(dtype, DtypeName) and dtypes.is_known(str(dtype)) else None
+    name = _dtype_name(dtype)
     shape = tuple(md.size) if isinstance(md.size, (tuple, list)) else None
     if name is None or shape is None or not _valid_shape(shape):
         shown = repr(dtype) if isinstance(dtype, (DtypeName, UnknownDtype)) else _text(dtype)
         problem = f"{source} gives an invalid dtype {shown} or shape {_text(md.size)}"
         return Entry(key, "tensor", dtype=name, nested_path=nested, error=problem)
-    chunks, problems = [], []
+    chunks = []
+    error = None
     for chunk in md.chunks if isinstance(md.chunks, list) else []:
-        offsets, csizes = tuple(chunk.offsets), tuple(chunk.sizes)
+        offsets = tuple(chunk.offsets)
         info = where.get(offsets)
         if info is None:
-            problems.append(f"{source} has no storage record for the chunk at {_text(offsets)}")
+            error = error or f"{source} has no storage record for the chunk at {_text(offsets)}"
             continue
-        chunks.append(_chunk(offsets, csizes, info))
-        problems.extend(_chunk_problems(chunks[-1], sizes, source))
-    if not problems and (layout := layout_problem(shape, tuple(chunks))):
-        problems.append(f"{layout} (per {source})")
-    return Entry(
-        key,
-        "tensor",
-        dtype=name,
-        shape=shape,
-        chunks=tuple(chunks),
-        nested_path=nested,
-        error=problems[0] if problems else None,
-    )
+        chunks.append(stored := _chunk(offsets, tuple(chunk.sizes), info))
+        error = error or _chunk_problem(stored, sizes, source)
+    found = tuple(chunks)
+    if error is None and (layout := layout_problem(shape, found)):
+        error = f"{layout} (per {source})"
+    return make_entry(key, "tensor", name, shape, found, nested, "other", error)
+
+
+_DTYPE_NAMES: dict[str, str | None] = {}
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    """The dtype's name when a pickle gave a known one (looked up once per name)."""
+    if not isinstance(dtype, DtypeName):
+        return None
+    name = _DTYPE_NAMES.get(dtype, "")
+    if name == "":
+        name = _DTYPE_NAMES[str(dtype)] = str(dtype) if dtypes.is_known(str(dtype)) else None
+    return name
 
 
 def _object_entry(key: str, nested: tuple, where: dict, sizes: dict, source: str) -> Entry:
@@ -569,10 +577,8 @@ def _object_entry(key: str, nested: tuple, where: dict, sizes: dict, source: str
             error=f"{source} has no storage record for this object",
         )
     chunk = _chunk((), (), info)
-    problems = _chunk_problems(chunk, sizes, source)
-    return Entry(
-        key, "object", chunks=(chunk,), nested_path=nested, error=problems[0] if problems else None
-    )
+    error = _chunk_problem(chunk, sizes, source)
+    return make_entry(key, "object", None, None, (chunk,), nested, "other", error)
 
 
 def _chunk(offsets: tuple, sizes: tuple, info: Any) -> ChunkInfo:
@@ -582,37 +588,49 @@ def _chunk(offsets: tuple, sizes: tuple, info: Any) -> ChunkInfo:
         transforms and not all(isinstance(t, str) for t in transforms)
     ):
         raise TypeError("storage record names no file")
-    return ChunkInfo(
-        offsets, sizes, info.relative_path, info.offset, info.length, tuple(transforms)
-    )
+    fields = (offsets, sizes, info.relative_path, info.offset, info.length, tuple(transforms))
+    return _new_chunk(ChunkInfo, fields)  # ChunkInfo(*fields), without its Python __new__
+
+
+_new_chunk = tuple.__new__
 
 
 def _valid_shape(shape: tuple) -> bool:
-    return all(type(n) is int and 0 <= n < 1 << 62 for n in shape) and math.prod(shape) < 1 << 62
+    return _plausible(shape) and math.prod(shape) < 1 << 62
 
 
-def _chunk_problems(chunk: ChunkInfo, sizes: dict, source: str) -> list[str]:
-    size = sizes.get(chunk.file, f"bad file name {_text(chunk.file)}")
+def _plausible(numbers: tuple) -> bool:
+    """Every element a non-negative int below 2**62."""
+    for n in numbers:  # noqa: SIM110  (twice as fast as all() over a generator on short tuples)
+        if not (type(n) is int and 0 <= n < 1 << 62):
+            return False
+    return True
+
+
+def _chunk_problem(chunk: ChunkInfo, sizes: dict, source: str) -> str | None:
+    """What is wrong with the chunk's storage record, as far as ``.metadata`` shows; None."""
+    size = sizes.get(chunk.file)
+    if size is None:
+        return f"bad file name {_text(chunk.file)}"
     if isinstance(size, str):
-        return [size]
+        return size
     if not (type(chunk.byte_offset) is int and type(chunk.byte_length) is int) or (
         chunk.byte_offset < 0 or chunk.byte_length < 0
     ):
-        return [
+        return (
             f"bad byte range {_text(chunk.byte_offset)}+{_text(chunk.byte_length)} in {chunk.file}"
-        ]
-    problems = []
+        )
     if chunk.byte_offset + chunk.byte_length > size:
-        problems.append(
+        return (
             f"{chunk.file} has {size} bytes but the chunk at {list(chunk.offsets)} ends at byte "
             f"{chunk.byte_offset + chunk.byte_length} (file truncated?)"
         )
-    if not all(type(n) is int and 0 <= n < 1 << 62 for n in (*chunk.offsets, *chunk.sizes)):
-        problems.append(
+    if not (_plausible(chunk.offsets) and _plausible(chunk.sizes)):
+        return (
             f"chunk at offsets {_text(chunk.offsets)} size {_text(chunk.sizes)} "
             f"is not made of plausible integers (per {source})"
         )
-    return problems
+    return None
 
 
 def _check_items(entries: list[Entry], safetensors: set[str], source: str) -> list[Entry]:

@@ -53,7 +53,7 @@ def write_dcp(
         with open(data, "w+b", buffering=0) as f:
             for chunk in chunks:
                 offset = f.seek(0, os.SEEK_END)
-                places.append((offset, append_archive(f, chunk.item, progress)))
+                places.append((offset, append_archive(f, chunk.item, progress)[0]))
             os.fsync(f.fileno())
         body = pickle.dumps(_metadata(folder, chunks, places, layout))
         metadata = files.temp_for(folder / METADATA_FILE)

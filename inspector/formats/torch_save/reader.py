@@ -34,6 +34,7 @@ from inspector.formats.torch_archive import (
     is_zip,
     materialize,
     read_storage_tensor,
+    tensor_bytes,
     tensor_refs,
     zip_members,
 )
@@ -146,7 +147,9 @@ class TorchSaveSource:
         _, leaf = self._leaves[entry.key]
         if isinstance(leaf, TensorRef) and leaf.stride == contiguous_strides(leaf.shape):
             chunk = entry.chunks[index]
-            return ByteRange(self.storage, self.name, chunk.byte_offset, chunk.byte_length)
+            record = self._records.get(leaf.storage.key) if leaf.storage is not None else None
+            crc = tensor_bytes(record, leaf).crc if isinstance(record, Record) else None
+            return ByteRange(self.storage, self.name, chunk.byte_offset, chunk.byte_length, crc)
         return None
 
     def chunk_globals(self, entry: Entry, index: int) -> list[str]:

@@ -32,17 +32,24 @@ from inspector.formats.writing import Item, write_item
 from inspector.storage.copy import write_all
 
 
-def write_torch_save(path: Path, structure: Any, progress: Callable[[Item], None]) -> None:
-    """A torch.save archive of ``structure`` (nested dicts/lists; Item leaves become tensors)."""
+def write_torch_save(
+    path: Path, structure: Any, progress: Callable[[Item], None]
+) -> dict[str, int]:
+    """A torch.save archive of ``structure`` (nested dicts/lists; Item leaves become tensors);
+    returns each item's CRC-32 by name, as its record stores it (see :func:`write_item`)."""
     with open(path, "w+b", buffering=0) as f:
-        append_archive(f, structure, progress)
+        _, crcs = append_archive(f, structure, progress)
         os.fsync(f.fileno())
+    return crcs
 
 
-def append_archive(f: BinaryIO, structure: Any, progress: Callable[[Item], None]) -> int:
+def append_archive(
+    f: BinaryIO, structure: Any, progress: Callable[[Item], None]
+) -> tuple[int, dict[str, int]]:
     """Write a torch.save archive of ``structure`` at the end of ``f`` (opened ``w+b``,
     unbuffered): the archive's offsets count from its own start, as when torch.save writes
-    into a stream (DCP's ``.distcp`` files are such archives back to back). Returns its length.
+    into a stream (DCP's ``.distcp`` files are such archives back to back). Returns its length
+    and each item's CRC-32 by name.
     """
     items = list(_items_in(structure))
     storages = [_Storage(str(i), item.dtype, math.prod(item.shape)) for i, item in enumerate(items)]
@@ -69,9 +76,10 @@ def append_archive(f: BinaryIO, structure: Any, progress: Callable[[Item], None]
         del writer  # an unfinished writer finishes the archive here, into the sink
     if sink.error is not None:
         raise sink.error
-    filled = zip(sink.items, sink.crcs, strict=True)
+    filled = list(zip(sink.items, sink.crcs, strict=True))
     _set_crcs(f, {f"data/{by_id[id(item)].key}": crc for item, crc in filled})
-    return f.seek(0, os.SEEK_END) - start
+    crcs = {item.name: 0 for item in items} | {item.name: crc for item, crc in filled}
+    return f.seek(0, os.SEEK_END) - start, crcs
 
 
 class _Sink:

@@ -175,6 +175,7 @@ def test_tensor_details_stats_and_values(fp8_app: Inspector) -> None:
         )
     assert not tensor.stats_button.disabled and tensor.value_button.disabled
     tensor.stats_button.click()
+    tensor.wait()
     expected = ck.stats(WQ)
     stats = text(tensor.stats)
     for name in ("min", "max", "mean", "std", "absmax"):

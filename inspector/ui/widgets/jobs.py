@@ -11,6 +11,9 @@ import ipywidgets as w
 from inspector.ui.views.jobs import Job, Report, Step
 from inspector.ui.widgets.errors import ErrorBox
 
+# How long closing a bar waits for its cancelled job to stop (seconds).
+STOP_WAIT = 10.0
+
 
 class JobBar(w.HBox):
     """Runs work in a :class:`~inspector.ui.views.jobs.Job` and shows how far it is.
@@ -52,8 +55,14 @@ class JobBar(w.HBox):
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the current job has finished (for scripts and tests)."""
-        if self.job is not None:
+        if self.job is not None and self.job.thread is not threading.current_thread():
             self.job.wait(timeout)
+
+    def close(self) -> None:
+        """Cancel the running job and let it stop (it holds the checkpoint), then close."""
+        self.cancel()
+        self.wait(STOP_WAIT)
+        super().close()
 
     def _show(self, step: Step) -> None:
         self.progress.value = step.fraction

@@ -73,6 +73,7 @@ def test_audit_tab_names_the_flipped_key(flipped: Path) -> None:
     assert report is not None and [p.key for p in report.problems] == [WQ]
     shown = text(app.audit.result)
     assert f"keys with errors: {WQ}" in shown and "crc" in shown.lower()
+    assert "audit 1 problem (1 error)" in text(app.header.found)  # the header follows
     app.tree.show.value = "errors only"
     assert leaves(app) == [WQ]  # the full audit's errors badge the tree too
 

@@ -10,6 +10,7 @@ from typing import Any
 import ipywidgets as w
 
 import inspector
+from inspector.analysis.audit import AuditReport
 from inspector.analysis.fqn import KeyReport
 from inspector.checkpoint import Checkpoint
 from inspector.formats.base import Step
@@ -129,7 +130,7 @@ class Inspector(w.VBox):
         self.tensor = TensorPanel(ck, self.errors)
         self.tree = TreePanel(ck, self.errors, self.tensor, self._selected)
         self.compare = ComparePanel(ck, self.errors, self.storage_options)
-        self.audit = AuditPanel(ck, self.errors, self.tree.flags_found)
+        self.audit = AuditPanel(ck, self.errors, self._audited)
         self.export = ExportPanel(ck, self.errors, self.storage_options)
         self.doctor = DoctorPanel(ck, self.errors, self._apply_rewrite)
         panels = [self.tree, self.compare, self.audit, self.doctor, self.export]
@@ -157,6 +158,11 @@ class Inspector(w.VBox):
         self.tree.flags_found(findings.audit)
         if findings.audit is not None:
             self.audit.quick(findings.audit)
+
+    def _audited(self, report: AuditReport) -> None:
+        """The Audit tab's full audit: its verdict in the header, its errors in the tree."""
+        self.header.show_audit(report)
+        self.tree.flags_found(report)
 
     def _convert_fp8(self, mode: str) -> None:
         fp8 = self.header.findings.fp8

@@ -49,7 +49,12 @@ class AuditPanel(w.VBox):
     ) -> None:
         self.ck, self.on_report = ck, on_report
         self.report: AuditReport | None = None
-        self.values = w.Checkbox(value=False, description="also count NaN / Inf (reads tensors)")
+        self.values = w.Checkbox(
+            value=False,
+            description="also count NaN / Inf (reads every tensor)",
+            indent=False,
+            layout=w.Layout(width="360px"),
+        )
         self.audit_button = w.Button(
             description="Audit with CRC-32 checks", button_style="primary", icon="check"
         )

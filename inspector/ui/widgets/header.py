@@ -4,10 +4,11 @@ matter (FP8, layout, audit, producer and step), each with the button that acts o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ipywidgets as w
 
+from inspector.analysis.audit import AuditReport
 from inspector.checkpoint import Checkpoint
 from inspector.formats.base import Step
 from inspector.keys.tree import Totals
@@ -106,6 +107,11 @@ class Header(w.VBox):
         fixable = layout.report is not None and layout.report.best is not None
         self.fix_button.layout.display = "" if fixable else "none"
         self.audit_button.layout.display = "" if self.findings.audit is not None else "none"
+
+    def show_audit(self, report: AuditReport) -> None:
+        """A later audit's verdict (the Audit tab's, with CRC-32s) instead of the quick one."""
+        self.findings = replace(self.findings, audit=report)
+        self.show()
 
     def show_io(self) -> None:
         self.where.value = (

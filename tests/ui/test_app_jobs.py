@@ -154,6 +154,7 @@ def test_hf_export_arch_auto_and_workers(demo_dir: Path, tmp_path: Path) -> None
     app = opened(demo_dir / "fp8")
     export = app.export
     assert export.arch.layout.display == "none" and export.workers.value == 1
+    assert export.dtype.label == "as stored" and export._read_form().dtype is None
     export.format.value = "hf"
     assert export.arch.value == "auto" and export.hf_config.layout.display == ""
     note = text(export.arch_note)
@@ -189,3 +190,14 @@ def test_export_to_a_remote_target(s3_server: CountedServer, demo_dir: Path) -> 
     exported = inspector.open(target, s3_server.storage_options)
     assert exported.format == "safetensors" and len(exported.keys()) == 21
     assert torch.equal(exported.read(WQ), app.ck.read(WQ))
+
+
+def test_compare_with_a_url(s3_server: CountedServer, demo_dir: Path) -> None:
+    url = uploaded(s3_server, demo_dir / "prefixed", "prefixed")
+    app = opened(demo_dir / "flat", storage_options=s3_server.storage_options)
+    app.compare.other.value = url
+    app.compare.compare_button.click()
+    app.compare.wait()
+    found = app.compare.comparison
+    assert app.errors.value == "" and found is not None and found.b == url
+    assert found.same and found.fingerprints_equal and len(found.table) == 21

@@ -63,7 +63,9 @@ class ExportPanel(w.VBox):
         self.thread: threading.Thread | None = None
         self.finished: list[Callable[[], None]] = []  # run after each export, as JobBar's
         self.result: ExportResult | None = None
-        self.format = w.ToggleButtons(options=FORMATS, description="Format", style=_WIDE)
+        self.format = w.ToggleButtons(
+            options=FORMATS, description="Format", style=_WIDE | {"button_width": "160px"}
+        )
         self.hf_assets = w.Text(
             description="HF assets",
             placeholder="folder with config.json and tokenizer files (optional)",
@@ -88,7 +90,7 @@ class ExportPanel(w.VBox):
         self.preset = w.HTML()
         self.preset.add_class("inspector-export-preset")
         self.dtype = w.Dropdown(
-            options=[("as stored", None), *((d, d) for d in CAST_DTYPES)],
+            options=[("as stored", ""), *((d, d) for d in CAST_DTYPES)],  # None shows blank
             description="dtype",
             style=_WIDE,
         )
@@ -201,7 +203,7 @@ class ExportPanel(w.VBox):
         options = self.options
         options.format, options.dtype, options.fp8 = (
             self.format.value,
-            self.dtype.value,
+            self.dtype.value or None,
             self.fp8.value,
         )
         options.model_only, options.flatten = self.model_only.value, self.flatten.value

@@ -31,6 +31,7 @@ FP8_WEIGHT = "layers.0.attention.wq.weight"
 KERNEL_TIMEOUT = 90_000
 UI_TIMEOUT = 30_000
 VIEWPORT = {"width": 1280, "height": 1600}
+TALL = {"width": 1280, "height": 2100}
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +195,12 @@ def test_stats_shows_numbers_and_histogram(
         for picture in ("histogram", "norms"):
             image = page.locator(f".inspector-{picture}")
             until(lambda i=image: i.evaluate("img => img.naturalWidth") > 0, f"the {picture}")
+    page.set_viewport_size(TALL)  # the whole app, plots included, for docs/inspector.png
+    try:
         page.locator(".inspector-app").evaluate("app => app.scrollIntoView()")
-    page.screenshot(path=shots / "inspector.png")
+        page.screenshot(path=shots / "inspector.png")
+    finally:
+        page.set_viewport_size(VIEWPORT)
 
 
 def test_export_writes_verified_safetensors(

@@ -282,11 +282,15 @@ def at_once(ck: Checkpoint) -> Findings:
 
 
 def find(
-    ck: Checkpoint, report: Callable[[int, int, str], None], cancel: threading.Event
+    ck: Checkpoint,
+    report: Callable[[int, int, str], None],
+    cancel: threading.Event,
+    early: Callable[[Findings], None] | None = None,
 ) -> Findings:
     """Everything: scans the model tensors' chunk records (``report(done, total, text)``
     after each), asks the FQN doctor about the layout, audits without reading tensor bytes
-    (files, sizes, unfinished saves, completeness; CRC-32s are the Audit tab's)."""
+    (files, sizes, unfinished saves, completeness; CRC-32s are the Audit tab's).
+    ``early(findings)`` hears FP8 and layout before the audit (many small reads remotely)."""
     keys = model_tensors(ck)
     for done, key in enumerate(keys, 1):
         check(cancel)
@@ -296,6 +300,8 @@ def find(
     check(cancel)
     report(0, 1, "checking the layout and auditing")
     layout = layout_facts(ck)
+    if early is not None:
+        early(Findings(layout, at_once(ck).producer, fp8))
     audited = audit(ck, checksums=False, cancel=cancel)
     check(cancel)
     producer = producer_finding(ck, saved_step(ck))

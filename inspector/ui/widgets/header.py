@@ -93,7 +93,9 @@ class Header(w.VBox):
 
     def start(self) -> None:
         """Scan, ask the FQN doctor and audit in the background; show the findings after."""
-        self.scan.run(lambda report, cancel: find(self.ck, report, cancel), self._found)
+        self.scan.run(
+            lambda report, cancel: find(self.ck, report, cancel, self._early), self._found
+        )
 
     def wait(self, timeout: float | None = None) -> None:
         self.scan.wait(timeout)
@@ -117,6 +119,11 @@ class Header(w.VBox):
         self.where.value = (
             f'<div style="font-size:14px"><code>{esc(location_text(self.ck))}</code></div>'
         )
+
+    def _early(self, findings: Findings) -> None:
+        """FP8 and layout while the quick audit still runs."""
+        self.findings = findings
+        self.show()
 
     def _found(self, findings: Findings) -> None:
         self.findings = findings

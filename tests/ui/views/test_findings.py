@@ -31,8 +31,14 @@ def test_metadata_first_then_fp8_wrappers(demo_dir: Path) -> None:
     assert first.fp8 is None and first.audit is None and not first.complete
     assert [f.topic for f in first.lines()] == ["layout", "producer"]
     assert ck.scanned(WQ) is None  # nothing was scanned for the first view
-    everything, reports = found(ck)
+    early: list[findings.Findings] = []
+    reports: list[tuple[int, int, str]] = []
+    everything = find(
+        ck, lambda d, t, text: reports.append((d, t, text)), threading.Event(), early.append
+    )
     assert everything.complete and reports[-1] == (1, 1, "done")
+    [before_audit] = early  # FP8 and layout first: the audit's many small reads come after
+    assert before_audit.fp8 == everything.fp8 and before_audit.audit is None
     assert [r[0] for r in reports[:21]] == list(range(1, 22))  # one report per model tensor
     fp8 = everything.fp8
     assert fp8 is not None and (fp8.scanned, fp8.count, fp8.scaled) == (21, 14, 0)

@@ -25,7 +25,7 @@ test: dev-env
 
 # Many more fuzz examples than `make test` runs, with a fresh seed each time.
 fuzz: dev-env
-	FUZZ_PROFILE=fuzz $(PY) -m pytest tests/test_fuzz.py
+	FUZZ_PROFILE=fuzz $(PY) -m pytest tests/test_fuzz.py tests/test_fuzz_structure.py
 
 demo: $(DEMO)/.built
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/inspect.ipynb

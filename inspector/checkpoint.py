@@ -287,6 +287,7 @@ class Checkpoint:
         """The whole tensor as a plain ``torch.Tensor``: chunks assembled, FP8 wrappers unwrapped,
         quantized payloads dequantized (straight to ``dtype`` when given, like torchao's
         ``dequantize(dtype)``; else to their logical dtype). ``dtype``: a torch.dtype or name."""
+        from inspector.tensors import broadcast
         from inspector.tensors.convert import to_plain
 
         target = dtypes.optional_name(dtype)
@@ -294,10 +295,10 @@ class Checkpoint:
         with self._marking(key), self._prefetching(entry, entry.chunks):
             if len(entry.chunks) == 1 and entry.chunks[0].sizes == entry.shape:
                 value = self.source.read_chunk(entry, 0)
-                tensor = to_plain(value, target, file=self.location, key=key)
+                tensor = to_plain(value, target, file=self._file_of(entry, 0), key=key)
             else:
                 tensor = self._assemble(entry, target)
-        return tensor if target is None else tensor.to(dtypes.to_torch(target))
+        return tensor if target is None else broadcast.cast(tensor, dtypes.to_torch(target))
 
     def read_object(self, key: str) -> Any:
         """A non-tensor value (optimizer hyper-parameters, scheduler state, ...), decoded safely."""
@@ -319,7 +320,7 @@ class Checkpoint:
         entry = self._readable(key, "tensor")
         with self._marking(key), self._prefetching(entry, (entry.chunks[index],)):
             value = self.source.read_chunk(entry, index)
-            return to_plain(value, file=self.location, key=key)
+            return to_plain(value, file=self._file_of(entry, index), key=key)
 
     def byte_ranges(self, key: str) -> list[ByteRange] | None:
         """The byte ranges that, concatenated, are the tensor's row-major bytes; None when
@@ -403,8 +404,13 @@ class Checkpoint:
             ]
             value = self.source.read_chunk(entry, index, dest if dest.is_contiguous() else None)
             if value is not dest:
-                dest.copy_(to_plain(value, dtype, file=self.location, key=entry.key))
+                plain = to_plain(value, dtype, file=self._file_of(entry, index), key=entry.key)
+                dest.copy_(plain)
         return out
+
+    def _file_of(self, entry: Entry, index: int) -> str:
+        """The file chunk ``index`` of ``entry`` lies in, for messages."""
+        return self.source.storage.describe(entry.chunks[index].file)
 
 
 class _Marking:

@@ -6,6 +6,13 @@ rewrite), shardings (tensors are compared whole, whatever their chunks) and dtyp
 ``fingerprints=True`` each tensor pair is first hashed from its stored bytes (the
 fingerprint digest): equal digests mean equal dtype, shape and bits, and those pairs are
 not read into memory or compared again.
+
+A view that repeats its stored values (stride 0, ``expand``) is never made dense: two that
+repeat along the same dimensions are compared by what they store (their hashes cover the
+stored values and the shape); against a plain tensor, one is compared block by block, in
+time bounded by the plain side's real size. Two that repeat along different dimensions are
+an UnsupportedError naming the key. Decoded objects are hashed by structure, each shared
+part once, so memo-shared or cyclic values cost what they store.
 """
 
 from __future__ import annotations
@@ -21,8 +28,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from inspector.analysis.fingerprint import tensor_digest
-from inspector.analysis.stats import blocks, layer_index, layer_name, plot_by_layer
+from inspector.analysis.stats import layer_index, layer_name, plot_by_layer
 from inspector.checkpoint import as_checkpoint
+from inspector.errors import UnsupportedError
+from inspector.formats.base import bytes_view
+from inspector.formats.safe_pickle import NumpyArray, Opaque, SubclassRef
+from inspector.reprs import bounded_repr
+from inspector.tensors import broadcast
 
 if TYPE_CHECKING:
     import pandas
@@ -33,6 +45,7 @@ if TYPE_CHECKING:
 KeyMap = str | Mapping[str, str] | Callable[[str], str] | None
 STATUSES = ("same", "dtype", "values", "shape", "only_a", "only_b")
 DIFF_BLOCK = 1 << 20  # elements per step of the float comparison (a few MB of temporaries)
+_HASH_BLOCK = 1 << 22
 
 
 @dataclass
@@ -110,7 +123,7 @@ def key_pairs(a: Checkpoint, b: Checkpoint, key_map: KeyMap) -> list[tuple[str |
 
 
 def _key_function(a: Checkpoint, b: Checkpoint, key_map: KeyMap) -> Callable[[str], str]:
-    if key_map is None or key_map == "none":
+    if key_map is None or key_map == "none" or (key_map == "auto" and a is b):
         return lambda key: key
     if key_map == "auto":
         from inspector.analysis.fqn import check_keys
@@ -171,13 +184,43 @@ def compare_pair(
         if row.hash_a == row.hash_b:
             row.max_abs_diff, row.max_rel_diff, row.n_diff = 0.0, 0.0, 0
             return row
-    ta, tb = a.read(key_a), b.read(key_b)
-    if not fingerprints:
-        row.hash_a, row.hash_b = tensor_hash(ta), tensor_hash(tb)
-    if ta.dtype == tb.dtype and row.hash_a == row.hash_b and _bits_equal(ta, tb):
+    ta = a.read(key_a)
+    tb = ta if a is b and key_a == key_b else b.read(key_b)  # a checkpoint against itself
+    repeated_a, repeated_b = broadcast.repeated_dims(ta), broadcast.repeated_dims(tb)
+    if repeated_a and repeated_b:
+        if repeated_a != repeated_b:
+            raise UnsupportedError(
+                f"both sides repeat stored values (stride 0), along dimensions {repeated_a} "
+                f"and {repeated_b}: not compared",
+                key=key_a,
+            )
+        sa = broadcast.stored(ta)
+        sb = sa if tb is ta else broadcast.stored(tb)
+        return _compare_values(row, sa, sb, atol, rtol, ta, hashed=fingerprints)
+    return _compare_values(row, ta, tb, atol, rtol, hashed=fingerprints)
+
+
+def _compare_values(
+    row: Row,
+    ta: torch.Tensor,
+    tb: torch.Tensor,
+    atol: float,
+    rtol: float,
+    repeated: torch.Tensor | None = None,
+    *,
+    hashed: bool = False,
+) -> Row:
+    """Fill the row's value columns; ``repeated``: the tensor both sides repeat like (so
+    ``ta`` and ``tb`` are the values they store, and each difference counts that often);
+    ``hashed``: the row already holds the sides' fingerprint digests."""
+    if not hashed:
+        row.hash_a = tensor_hash(ta, repeated)
+        row.hash_b = row.hash_a if tb is ta else tensor_hash(tb, repeated)
+    if ta.dtype == tb.dtype and row.hash_a == row.hash_b and (tb is ta or _bits_equal(ta, tb)):
         row.max_abs_diff, row.max_rel_diff, row.n_diff = 0.0, 0.0, 0
         return row
     row.max_abs_diff, row.max_rel_diff, row.n_diff = value_differences(ta, tb, atol, rtol)
+    row.n_diff *= broadcast.repeats(repeated) if repeated is not None else 1
     if row.n_diff:
         row.status, row.equal = "values", False
     elif ta.dtype != tb.dtype:
@@ -188,52 +231,94 @@ def compare_pair(
 def _compare_objects(row: Row, a: Checkpoint, b: Checkpoint, values: bool) -> Row:
     if not values:
         return row
-    va, vb = a.read_object(row.key), b.read_object(row.key_b or row.key)
-    row.hash_a, row.hash_b = object_hash(va), object_hash(vb)
+    key_b = row.key_b or row.key
+    row.hash_a = object_hash(a.read_object(row.key))
+    same = a is b and key_b == row.key  # a checkpoint against itself
+    row.hash_b = row.hash_a if same else object_hash(b.read_object(key_b))
     if row.hash_a != row.hash_b:
         row.status, row.equal = "values", False
     return row
 
 
-def tensor_hash(tensor: torch.Tensor) -> str:
-    """BLAKE2b of the tensor's bytes (stored dtype, row-major), whatever its sharding was."""
+def tensor_hash(tensor: torch.Tensor, repeated: torch.Tensor | None = None) -> str:
+    """BLAKE2b of the tensor's bytes (stored dtype, row-major), whatever its sharding was;
+    with ``repeated``, of the values ``tensor`` stores for that repeated view, and its shape."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(str(tensor.dtype).encode())
-    for block in blocks(tensor.contiguous()):
-        digest.update(block.view(torch.uint8).numpy().data if block.numel() else b"")
+    if repeated is not None:
+        digest.update(f"repeated as {list(repeated.shape)} {repeated.stride()}".encode())
+    for block in broadcast.flat_blocks(tensor, _HASH_BLOCK):
+        digest.update(bytes_view(block) if block.numel() else b"")
     return digest.hexdigest()
 
 
 def object_hash(value: Any) -> str:
-    """A hash of a decoded non-tensor value (tensors inside hashed by content)."""
-    digest = hashlib.blake2b(digest_size=16)
+    """A hash of a decoded non-tensor value (tensors inside hashed by content), built from
+    the hashes of its parts: each shared part is hashed once, a part that contains itself
+    is hashed as a back reference, and nothing recurses."""
+    done: dict[int, bytes] = {}
+    active: set[int] = set()
+    stack: list[tuple[Any, list[Any] | None, bytes]] = [(value, None, b"")]
+    while stack:
+        item, finished, tag = stack.pop()
+        if finished is not None:  # every part hashed (or on the path: a cycle)
+            active.discard(id(item))
+            digest = hashlib.blake2b(tag, digest_size=16)
+            for part in finished:
+                digest.update(done.get(id(part), b"<cycle>"))
+            done[id(item)] = digest.digest()
+            continue
+        if id(item) in done or id(item) in active:
+            continue
+        parts = _parts(item)
+        if parts is None:
+            done[id(item)] = _leaf_hash(item)
+            continue
+        active.add(id(item))
+        stack.append((item, parts[1], parts[0]))
+        stack.extend((p, None, b"") for p in parts[1] if id(p) not in done)
+    return done[id(value)].hex()
 
-    def feed(v: Any) -> None:
-        if isinstance(v, torch.Tensor):
-            digest.update(tensor_hash(v).encode())
-        elif isinstance(v, dict):
-            digest.update(b"{")
-            for k in sorted(v, key=repr):
-                feed(k)
-                feed(v[k])
-            digest.update(b"}")
-        elif isinstance(v, (list, tuple)):
-            digest.update(b"[" if isinstance(v, list) else b"(")
-            for item in v:
-                feed(item)
-            digest.update(b"]")
-        else:
-            digest.update(repr(v).encode())
-            digest.update(b";")
 
-    feed(value)
-    return digest.hexdigest()
+def _parts(item: Any) -> tuple[bytes, list[Any]] | None:
+    """A container's tag and the parts its hash is made of, in order; None for a leaf."""
+    if isinstance(item, dict):
+        keys = sorted(item, key=bounded_repr)
+        return b"dict", [x for k in keys for x in (k, item[k])]
+    if isinstance(item, (set, frozenset)):
+        return type(item).__name__.encode(), sorted(item, key=bounded_repr)
+    if isinstance(item, (list, tuple)):
+        return type(item).__name__.encode(), list(item)
+    if isinstance(item, slice):
+        return b"slice", [item.start, item.stop, item.step]
+    if isinstance(item, SubclassRef):
+        return item.cls.encode(), [item.dtype, item.shape, item.attrs, item.data]
+    if isinstance(item, Opaque):
+        return item.global_name.encode(), [item.args, item.kwargs, item.state, item.items]
+    if isinstance(item, NumpyArray):
+        return b"ndarray", [item.shape, item.dtype.code if item.dtype else None, item.data]
+    return None
+
+
+def _leaf_hash(item: Any) -> bytes:
+    if isinstance(item, torch.Tensor):
+        return tensor_hash(item).encode()
+    if isinstance(item, str):
+        data = b"str:" + item.encode("utf-8", "surrogatepass")
+    elif isinstance(item, (bytes, bytearray)):
+        data = b"bytes:" + bytes(item)
+    elif isinstance(item, int) and not isinstance(item, bool):
+        data = b"int:" + format(item, "x").encode()  # decimal text refuses huge ints
+    else:
+        data = f"{type(item).__qualname__}:{bounded_repr(item)}".encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.numel() == 0:
-        return True
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    pairs = zip(
+        broadcast.flat_blocks(a, _HASH_BLOCK), broadcast.flat_blocks(b, _HASH_BLOCK), strict=True
+    )
+    return all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in pairs)
 
 
 def value_differences(
@@ -246,7 +331,10 @@ def value_differences(
     """
     work = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
     max_abs, max_rel, n_diff = 0.0, 0.0, 0
-    for xa, xb in zip(blocks(a, DIFF_BLOCK), blocks(b, DIFF_BLOCK), strict=True):
+    pairs = zip(
+        broadcast.flat_blocks(a, DIFF_BLOCK), broadcast.flat_blocks(b, DIFF_BLOCK), strict=True
+    )
+    for xa, xb in pairs:
         x, y = xa.to(work), xb.to(work)
         same = (x == y) | (x.isnan() & y.isnan())
         delta = (x - y).abs()

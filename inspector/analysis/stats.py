@@ -4,6 +4,8 @@ A tensor is visited one stored chunk at a time and each chunk in blocks of
 ``BLOCK`` elements, so a huge bf16 or float8 tensor never needs a float copy of
 itself. min / max / mean / std / absmax / L2 norm are over the finite values; NaN
 and Inf are counted separately; std uses Bessel's correction, like ``torch.std``.
+A view that repeats its stored values (stride 0, ``expand``) is summarised from the values
+it stores, each counted as often as it is repeated: the same numbers, without expanding it.
 ``on_progress(done, total)`` hears of each block (elements) and a set ``cancel`` event
 stops the work between blocks (:mod:`inspector.progress`), for callers in worker threads.
 """
@@ -24,6 +26,7 @@ from inspector import dtypes
 from inspector.checkpoint import Checkpoint, as_checkpoint
 from inspector.errors import UnsupportedError
 from inspector.progress import Counter, ProgressFn
+from inspector.tensors import broadcast
 
 if TYPE_CHECKING:
     import pandas
@@ -69,33 +72,42 @@ class _Moments:
     nan: int = 0
     inf: int = 0
 
-    def add(self, block: torch.Tensor) -> None:
+    def add(self, block: torch.Tensor, weight: int = 1) -> None:
+        """Count every value of ``block`` ``weight`` times."""
         values = block.to(torch.float64)
         finite = torch.isfinite(values)
-        self.nan += int(torch.isnan(values).sum())
-        self.inf += int(torch.isinf(values).sum())
-        self.zeros += int((values == 0).sum())
+        self.nan += weight * int(torch.isnan(values).sum())
+        self.inf += weight * int(torch.isinf(values).sum())
+        self.zeros += weight * int((values == 0).sum())
         good = values[finite] if not bool(finite.all()) else values
-        n = good.numel()
+        n = weight * good.numel()
         if n == 0:
             return
         mean = float(good.mean())
-        m2 = float(((good - mean) ** 2).sum())
+        m2 = weight * float(((good - mean) ** 2).sum())
         total = self.n + n
         delta = mean - self.mean
         self.m2 += m2 + delta * delta * self.n * n / total
         self.mean += delta * n / total
         self.n = total
-        self.sumsq += float((good * good).sum())
+        self.sumsq += weight * float((good * good).sum())
         self.min = min(self.min, float(good.min()))
         self.max = max(self.max, float(good.max()))
 
 
-def blocks(tensor: torch.Tensor, size: int = BLOCK) -> Iterator[torch.Tensor]:
-    """Flat views of ``size`` elements (the last may be shorter)."""
-    flat = tensor.reshape(-1)
-    for start in range(0, flat.numel(), size):
-        yield flat[start : start + size]
+def _weighted_blocks(
+    ck: Checkpoint, key: str, counter: Counter | None = None
+) -> Iterator[tuple[torch.Tensor, int]]:
+    """Each stored chunk's values in blocks, with how often each value is repeated;
+    ``counter`` hears of the elements each block stands for (and checks cancel)."""
+    if counter is not None:
+        counter.step(0)
+    for _chunk, part in ck.iter_chunks(key):
+        weight = broadcast.repeats(part)
+        for block in broadcast.flat_blocks(broadcast.stored(part), BLOCK):
+            yield block, weight
+            if counter is not None:
+                counter.step(block.numel() * weight)
 
 
 def supported(dtype: str | None) -> bool:
@@ -125,8 +137,8 @@ def _stats(ck: Checkpoint, key: str, counter: Counter) -> TensorStats:
             key=key,
         )
     acc = _Moments()
-    for block in _blocks(ck, key, counter):
-        acc.add(block)
+    for block, weight in _weighted_blocks(ck, key, counter):
+        acc.add(block, weight)
     nan = math.nan
     has = acc.n > 0
     return TensorStats(
@@ -144,15 +156,6 @@ def _stats(ck: Checkpoint, key: str, counter: Counter) -> TensorStats:
         nan=acc.nan,
         inf=acc.inf,
     )
-
-
-def _blocks(ck: Checkpoint, key: str, counter: Counter) -> Iterator[torch.Tensor]:
-    """The tensor's values chunk by chunk in blocks, each counted (and cancel checked)."""
-    counter.step(0)
-    for _chunk, part in ck.iter_chunks(key):
-        for block in blocks(part):
-            yield block
-            counter.step(block.numel())
 
 
 def _matching(ck: Checkpoint, include: Iterable[str] | None) -> list[str]:
@@ -232,13 +235,13 @@ def histogram(
         high = low + 1.0
     counts = torch.zeros(bins, dtype=torch.int64)
     nan = inf = 0
-    for block in _blocks(ck, key, counter):
+    for block, weight in _weighted_blocks(ck, key, counter):
         values = block.to(torch.float64)
-        nan += int(torch.isnan(values).sum())
-        inf += int(torch.isinf(values).sum())
+        nan += weight * int(torch.isnan(values).sum())
+        inf += weight * int(torch.isinf(values).sum())
         values = values[torch.isfinite(values) & (values >= low) & (values <= high)]
         index = ((values - low) / (high - low) * bins).long().clamp_(0, bins - 1)
-        counts += torch.bincount(index, minlength=bins)
+        counts += weight * torch.bincount(index, minlength=bins)
     edges = torch.linspace(low, high, bins + 1, dtype=torch.float64)
     return Histogram(key, counts, edges, nan, inf)
 

@@ -20,6 +20,7 @@ from inspector.errors import ExportError, UsageError
 from inspector.exporting.fp8 import DEFAULT_FP8_DTYPE, Output, plan_fp8
 from inspector.formats.writing import Item
 from inspector.keys.spellings import view_key
+from inspector.reprs import bounded_repr
 
 if TYPE_CHECKING:
     import torch
@@ -189,7 +190,9 @@ def _output_form(
 
 
 def _cast(output: Output, dtype: str) -> torch.Tensor:
-    return output.read().to(dtypes.to_torch(dtype))
+    from inspector.tensors import broadcast
+
+    return broadcast.cast(output.read(), dtypes.to_torch(dtype))
 
 
 def _castable(output: Output, dtype: str) -> bool:
@@ -253,26 +256,66 @@ def shard_names(count: int) -> list[str]:
     return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
 
 
-def nested_structure(leaves: Iterable[tuple[tuple[Any, ...], Any]]) -> dict[Any, Any]:
-    """A dict with each value placed at its path, creating dicts (or lists for integer
-    steps) like DCP's unflattening does."""
-    root: dict[Any, Any] = {}
-    for path, value in leaves:
-        _set_nested(root, path, value)
-    return root
+MAX_LIST_INDEX = 1 << 20  # a list step past this would be padded with a million Nones
 
 
-def _set_nested(root: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
-    node: Any = root
-    for step, following in itertools.pairwise(path):
-        empty: Any = [] if isinstance(following, int) else {}
-        if isinstance(node, list):
-            node.extend(None for _ in range(step + 1 - len(node)))
-            node[step] = node[step] if node[step] is not None else empty
-            node = node[step]
-        else:
-            node = node.setdefault(step, empty)
-    last = path[-1]
-    if isinstance(node, list):
-        node.extend(None for _ in range(last + 1 - len(node)))
-    node[last] = value
+def nested_structure(leaves: Iterable[tuple[str, tuple[Any, ...], Any]]) -> dict[Any, Any]:
+    """A dict with each ``(key, path, value)``'s value placed at its path, creating dicts (or
+    lists for integer steps, padded with None) like DCP's unflattening does. A path that
+    cannot be placed (a negative or huge list index, a step into a value, two values at
+    one place) is an ExportError naming the key."""
+    tree = _Tree()
+    for key, path, value in leaves:
+        try:
+            tree.place(path, value)
+        except ExportError as exc:
+            raise ExportError(exc.reason, key=key) from None
+    return tree.finish()
+
+
+class _Tree:
+    """The nested structure being built; its own containers are told apart from values."""
+
+    def __init__(self) -> None:
+        self.root: dict[Any, Any] = {}
+        self.lists: list[list[Any]] = []
+        self.own = {id(self.root)}
+
+    def place(self, path: tuple[Any, ...], value: Any) -> None:
+        if not path:
+            raise ExportError("has no nested path")
+        node: Any = self.root
+        for step, following in itertools.pairwise(path):
+            found = self._slot(node, step)
+            if found is _EMPTY:
+                found = [] if isinstance(following, int) else {}
+                self.own.add(id(found))
+                if isinstance(found, list):
+                    self.lists.append(found)
+                node[step] = found
+            elif id(found) not in self.own:
+                raise ExportError(f"nested path step {bounded_repr(step, 100)} leads into a value")
+            node = found
+        if self._slot(node, path[-1]) is not _EMPTY:
+            where = bounded_repr(path[-1], 100)
+            raise ExportError(f"two values would be written at nested path step {where}")
+        node[path[-1]] = value
+
+    @staticmethod
+    def _slot(node: Any, step: Any) -> Any:
+        """What lies at ``step`` of ``node`` (a list padded up to it), or ``_EMPTY``."""
+        if isinstance(node, dict):
+            return node.get(step, _EMPTY)
+        if type(step) is not int or not 0 <= step < MAX_LIST_INDEX:
+            where = bounded_repr(step, 100)
+            raise ExportError(f"list index {where} in a nested path is out of range")
+        node.extend(_EMPTY for _ in range(step + 1 - len(node)))
+        return node[step]
+
+    def finish(self) -> dict[Any, Any]:
+        for items in self.lists:
+            items[:] = [None if v is _EMPTY else v for v in items]
+        return self.root
+
+
+_EMPTY = object()

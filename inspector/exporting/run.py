@@ -389,8 +389,28 @@ def _keyed(planned: Planned) -> Item:
 
         return call
 
+    def produce() -> torch.Tensor:
+        return _dense_enough(labelled(item.produce)(), item.name)
+
     ranges = labelled(item.ranges) if item.ranges is not None else None
-    return Item(item.name, item.dtype, item.shape, labelled(item.produce), ranges)
+    return Item(item.name, item.dtype, item.shape, produce, ranges)
+
+
+def _dense_enough(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """A tensor that repeats its stored values (stride 0) is written out dense, up to
+    ``DENSE_LIMIT`` bytes: past that its file would hold far more than the checkpoint
+    stores, so it is an ExportError (left out with ``on_error="skip"``)."""
+    from inspector.tensors import broadcast
+
+    if broadcast.repeated_dims(tensor) and broadcast.dense_bytes(tensor) > broadcast.DENSE_LIMIT:
+        stored = broadcast.dense_bytes(broadcast.stored(tensor))
+        raise ExportError(
+            f"repeats {stored} stored bytes (a stride-0 view) into "
+            f"{broadcast.dense_bytes(tensor)}: more than the {broadcast.DENSE_LIMIT} bytes "
+            "written out dense",
+            key=name,
+        )
+    return tensor
 
 
 def _metadata(ck: Checkpoint, mode: str, dtype: str | None) -> dict[str, str]:
@@ -458,8 +478,8 @@ def _pt_structure(
 ) -> dict[Any, Any]:
     """The dict a .pt holds: flat by output name, or nested like the stored paths."""
     by_name = {i.name: i for i in items}
-    leaves: list[tuple[tuple[Any, ...], Any]] = [
-        (p.path if nested else (p.item.name,), by_name[p.item.name]) for p in planned
+    leaves: list[tuple[str, tuple[Any, ...], Any]] = [
+        (p.item.name, p.path if nested else (p.item.name,), by_name[p.item.name]) for p in planned
     ]
-    leaves += [(ck.entry(k).nested_path if nested else (k,), v) for k, v in objects.items()]
+    leaves += [(k, ck.entry(k).nested_path if nested else (k,), v) for k, v in objects.items()]
     return plan.nested_structure(leaves)

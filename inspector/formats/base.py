@@ -9,12 +9,13 @@ small pickle records only), ``read_chunk`` / ``read_object`` (the bytes) and
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Union
 
 from inspector.entry import Entry
-from inspector.errors import InspectorError
+from inspector.errors import CorruptCheckpointError, InspectorError
 from inspector.formats.safe_pickle import SubclassRef, TensorRef
 from inspector.storage.base import ByteRange, Storage
 
@@ -138,10 +139,32 @@ def file_sizes(storage: Storage, names: set[str], *, referrer: str) -> dict[str,
     return sizes
 
 
+def parse_json(
+    data: bytes | str,
+    *,
+    file: str,
+    what: str,
+    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
+) -> Any:
+    """JSON a checkpoint file holds (``what``: a safetensors header, an index); text that is
+    not UTF-8, not JSON, or nested past what the parser can recurse through is a
+    CorruptCheckpointError naming the file."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
+    except RecursionError as exc:
+        raise CorruptCheckpointError(f"{what} is malformed: nested too deeply", file=file) from exc
+    except (UnicodeDecodeError, ValueError) as exc:
+        problem = f"{what} is malformed: not valid JSON ({exc})"
+        raise CorruptCheckpointError(problem, file=file) from exc
+
+
 def bytes_view(tensor: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous tensor's memory (any dtype, float8 included)."""
     import torch
 
     flat = tensor.reshape(-1)
+    if flat.numel() == 1:  # a lone element's stride says nothing (``expand`` makes it 0)
+        flat = flat.as_strided((1,), (1,))
     array: Any = flat.view(torch.uint8).numpy()
     return memoryview(array).cast("B")

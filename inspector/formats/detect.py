@@ -23,7 +23,7 @@ from inspector.formats.torch_checkpointing import (
 from inspector.formats.torch_save import TorchSaveSource
 from inspector.formats.unfinished import Sign as Sign  # re-exported: what the audit reports
 from inspector.formats.unfinished import unfinished_save as unfinished_save
-from inspector.storage.base import Kind, Storage
+from inspector.storage.base import Listed, Storage
 
 
 def open_source(storage: Storage, name: str = "") -> Source:
@@ -177,7 +177,7 @@ def _with_notes(source: Source, notes: tuple[str, ...], *, first: bool = False) 
     return source
 
 
-def _leftover_shards(storage: Storage, listed: list[tuple[str, Kind]]) -> list[str]:
+def _leftover_shards(storage: Storage, listed: list[tuple[str, Listed]]) -> list[str]:
     if (SHARDED_DIR, "dir") not in listed:
         return []
     return [n for n, kind in storage.child(SHARDED_DIR).list() if n.endswith(".safetensors")]

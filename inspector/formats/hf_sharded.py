@@ -9,14 +9,13 @@ entries concerned; the rest stays readable.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, InspectorError, NotACheckpointError
-from inspector.formats.base import ChunkValue, Source, Step, StoredRecord
+from inspector.formats.base import ChunkValue, Source, Step, StoredRecord, parse_json
 from inspector.formats.safe_pickle import SubclassRef, TensorRef
 from inspector.formats.safetensors import SHARDING_KEY
 from inspector.storage.base import ByteRange, Storage
@@ -200,10 +199,7 @@ def _read_index(storage: Storage, name: str) -> tuple[dict[str, Any], dict[str, 
     label = storage.describe(name)
     if storage.size(name) > MAX_INDEX_BYTES:
         raise CorruptCheckpointError("index file is implausibly large", file=label)
-    try:
-        data = json.loads(storage.read(name))
-    except (ValueError, RecursionError) as exc:
-        raise CorruptCheckpointError(f"index is not valid JSON ({exc})", file=label) from exc
+    data = parse_json(storage.read(name), file=label, what="index")
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict):
         raise NotACheckpointError("JSON without a weight_map object: not a shard index", file=label)

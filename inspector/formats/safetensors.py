@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, ExportError, UnsupportedError
-from inspector.formats.base import ChunkValue, Step, StoredRecord, bytes_view
+from inspector.formats.base import ChunkValue, Step, StoredRecord, bytes_view, parse_json
 from inspector.formats.safe_pickle import TensorRef
 from inspector.formats.torch_archive import contiguous_strides
 from inspector.formats.writing import Item, write_item
@@ -110,12 +110,7 @@ def read_header(storage: Storage, name: str, offset: int = 0, length: int | None
             f"header length {size} runs past the end of the file ({length} bytes)", file=file
         )
     raw = storage.read(name, offset + _LENGTH.size, size)
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CorruptCheckpointError(
-            f"safetensors header is not valid JSON ({exc})", file=file
-        ) from exc
+    header = parse_json(raw, file=file, what="safetensors header", object_pairs_hook=_unique_keys)
     if not isinstance(header, dict):
         raise CorruptCheckpointError(
             f"safetensors header is a JSON {type(header).__name__}, not an object", file=file
@@ -224,8 +219,8 @@ def saved_offsets(metadata: dict[str, str], *, file: str) -> dict[str, tuple[int
     """Each tensor's offset in the whole tensor, from DCP's ``DCP_SHARDING_INFO`` (if any)."""
     if SHARDING_KEY not in metadata:
         return None
+    info = parse_json(metadata[SHARDING_KEY], file=file, what=SHARDING_KEY)
     try:
-        info = json.loads(metadata[SHARDING_KEY])
         offsets = {key: tuple(value["saved_offsets"]) for key, value in info.items()}
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise CorruptCheckpointError(f"{SHARDING_KEY} is malformed ({exc!r})", file=file) from exc

@@ -20,6 +20,9 @@ from typing import Literal, Protocol
 from inspector.errors import CorruptCheckpointError, UnsafeCheckpointError
 
 Kind = Literal["file", "dir"]
+# What a folder listing says of an entry: "other" is anything else (a FIFO, a device, a
+# socket, a link that loops or leads nowhere), listed so a reader can refuse it by name.
+Listed = Literal["file", "dir", "other"]
 # A readable, seekable byte stream: a storage window (raw) or bytes in memory (buffered).
 Window = io.RawIOBase
 Stream = io.RawIOBase | io.BufferedIOBase
@@ -98,8 +101,8 @@ class Storage(Protocol):
 
     def size(self, name: str) -> int: ...
 
-    def list(self, name: str = "") -> list[tuple[str, Kind]]:
-        """The folder's entries (name, kind), sorted; special files are left out."""
+    def list(self, name: str = "") -> list[tuple[str, Listed]]:
+        """The folder's entries (name, kind), sorted; special files are ``"other"``."""
         ...
 
     def read(self, name: str, offset: int = 0, length: int | None = None) -> bytes:

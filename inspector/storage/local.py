@@ -24,7 +24,7 @@ from inspector.errors import (
     ExportError,
     UnsafeCheckpointError,
 )
-from inspector.storage.base import ByteRange, IOCounter, Kind, relative_name
+from inspector.storage.base import ByteRange, IOCounter, Kind, Listed, relative_name
 
 _BLOCK = 1 << 23
 
@@ -74,14 +74,13 @@ class LocalStorage:
         _require_regular(info.st_mode, self.describe(name))
         return info.st_size
 
-    def list(self, name: str = "") -> list[tuple[str, Kind]]:
-        found: list[tuple[str, Kind]] = []
+    def list(self, name: str = "") -> list[tuple[str, Listed]]:
+        found: list[tuple[str, Listed]] = []
         try:
             with os.scandir(self.root / name) as entries:
                 for entry in entries:
                     kind = self.kind(f"{name}/{entry.name}" if name else entry.name)
-                    if kind is not None:
-                        found.append((entry.name, kind))
+                    found.append((entry.name, kind or "other"))
         except OSError as exc:
             raise _error(exc, self.describe(name)) from None
         return sorted(found)

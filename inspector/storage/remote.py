@@ -37,7 +37,7 @@ from inspector.errors import (
     StorageAccessError,
     UsageError,
 )
-from inspector.storage.base import ByteRange, IOCounter, Kind, relative_name
+from inspector.storage.base import ByteRange, IOCounter, Kind, Listed, relative_name
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -198,7 +198,7 @@ class RemoteStorage:
             self._shared.infos[self._path(name)] = found
         return size
 
-    def list(self, name: str = "") -> list[tuple[str, Kind]]:
+    def list(self, name: str = "") -> list[tuple[str, Listed]]:
         path = self._path(name)
         listing = self._shared.listings.get(path)
         if listing is None:

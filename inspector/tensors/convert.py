@@ -13,7 +13,7 @@ import torch
 from inspector import dtypes
 from inspector.errors import CorruptCheckpointError, UnsupportedError
 from inspector.formats.safe_pickle import SubclassRef
-from inspector.tensors import dequant
+from inspector.tensors import broadcast, dequant
 from inspector.tensors.payloads import attr, class_name, format_key, unwrap
 from inspector.tensors.scales import scale_blocks
 
@@ -92,17 +92,19 @@ def dequantize(
         if isinstance(inner, torch.Tensor):
             if class_name(value) != "DTensor":  # a DTensor holds its local shard only
                 _check_shape(inner, value.shape)
-            return inner if target is None else inner.to(target)
+            return _cast(inner, target)
         key = format_key(inner.cls)
         if key is None:
             if isinstance(inner.data, torch.Tensor):
-                return inner.data if target is None else inner.data.to(target)
+                return _cast(inner.data, target)
             raise UnsupportedError(f"cannot convert tensor subclass {inner.cls} to a plain tensor")
+        _refuse_repeated(inner.cls, *inner.attrs.values())
         goal = target or _torch_dtype(inner.dtype)
         result = CONVERTERS[key](inner, goal)
         return result if result.dtype == goal else result.to(goal)
     if scale is None:
-        return value if target is None else value.to(target)
+        return _cast(value, target)
+    _refuse_repeated("a float8 tensor with scales", value)
     if scale.dtype == torch.uint8:
         scale = dequant.e8m0_to_float32(scale)
     blocks = blocks or scale_blocks(tuple(value.shape), tuple(scale.shape))
@@ -113,6 +115,17 @@ def dequantize(
     if scale.dim() != value.dim():
         scale = scale.reshape([math.ceil(n / b) for n, b in zip(value.shape, blocks, strict=True)])
     return dequant.block_float8(value, scale, blocks, target or torch.bfloat16)
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return tensor if dtype is None else broadcast.cast(tensor, dtype)
+
+
+def _refuse_repeated(what: str, *parts: Any) -> None:
+    """Quantized data that repeats stored values (stride 0) would be dequantized into a
+    dense tensor of its full size: never what a quantizer saves, so refused."""
+    if any(isinstance(p, torch.Tensor) and broadcast.repeated_dims(p) for p in parts):
+        raise UnsupportedError(f"{what} stores repeated values (a stride-0 view): not supported")
 
 
 def _check_shape(inner: torch.Tensor, outer: tuple[int, ...]) -> None:

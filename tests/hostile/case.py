@@ -6,9 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inspector.errors import InspectorError
 from tests.fixtures import damage
+
+if TYPE_CHECKING:
+    from tests.hostile.isolated import Spec
 
 
 @dataclass(frozen=True)
@@ -52,3 +56,26 @@ class Case:
 
 
 Generator = Callable[[Genuine, Path], Case]
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What isolated cases (tests/hostile/isolated.py) are built from: ``Genuine`` and two
+    more producer outputs."""
+
+    genuine: Genuine
+    fp8: Path  # DCP, two FSDP2 ranks, torchao float8 training wrappers around each weight
+    dcp_hf: Path  # DCP HuggingFaceStorageWriter: safetensors carrying DCP_SHARDING_INFO
+
+    def copy(self, name: str, dest: Path) -> Path:
+        """A private copy of one of them (a ``Genuine`` field or ``fp8``/``dcp_hf``)."""
+        dest.mkdir(parents=True, exist_ok=True)
+        source = getattr(self.genuine, name, None) or getattr(self, name)
+        return damage.copy(source, dest)
+
+    def __getattr__(self, name: str) -> Path:
+        return getattr(self.genuine, name)
+
+
+IsolatedGenerator = Callable[[Sources, Path], "Spec"]
+"""Builds one isolated case from the sources inside a folder of its own."""

@@ -6,13 +6,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 _CORPUS = "tests/test_hostile.py::test_case"
-_FUZZ = "tests/test_fuzz.py"
+_FUZZ = ("tests/test_fuzz.py", "tests/test_fuzz_structure.py")
+_ISOLATED = "tests/test_hostile_isolated.py::test_isolated"
 
 
 @dataclass
 class Tally:
-    """What ran: corpus cases with their slowest call and largest allocations; fuzz examples
-    per family with the slowest one."""
+    """What ran: corpus cases with their slowest call and largest allocations; isolated
+    cases with their outcomes; fuzz examples per family with the slowest one."""
 
     cases: int = 0
     slowest_call: tuple[float, str] = (0.0, "")
@@ -21,6 +22,7 @@ class Tally:
     examples: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
     slowest_example: tuple[float, str] = (0.0, "")
+    isolated: dict[str, str] = field(default_factory=dict)  # case -> outcome
 
     def measured(self, name: str, slowest: tuple[float, str], traced: int, rss: int) -> None:
         self.slowest_call = max(self.slowest_call, (slowest[0], f"{name}: {slowest[1]}"))
@@ -42,6 +44,15 @@ class Tally:
                 f"{self.slowest_call[0]:.2f} s ({self.slowest_call[1]}); largest Python "
                 f"allocation {self.traced_peak[0] / 2**20:.1f} MiB ({self.traced_peak[1]}); "
                 f"largest RSS growth {self.rss_growth[0] / 2**20:.1f} MiB ({self.rss_growth[1]})"
+            )
+        if self.isolated:
+            failures = sum(i.startswith(_ISOLATED) for i in failed_ids)
+            outcomes = Counter(o.split("@")[0] for o in self.isolated.values())
+            broken = ", ".join(f"{n} ({o})" for n, o in sorted(self.isolated.items()) if o != "ok")
+            lines.append(
+                f"isolated hostile cases: {len(self.isolated)}, {failures} failures; outcomes: "
+                + ", ".join(f"{v} {k}" for k, v in sorted(outcomes.items()))
+                + (f"; broken: {broken}" if broken else "")
             )
         if self.examples:
             failures = sum(i.startswith(_FUZZ) for i in failed_ids)

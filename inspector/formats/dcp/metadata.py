@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from inspector.formats.safe_pickle.records import Allowed, FrozenClass, Immutable
+from inspector.reprs import bounded_repr
 
 # torch's TensorProperties pickles its memory format as this enum's value (0, 1, 2).
 MEMORY_FORMATS = ("contiguous_format", "channels_last", "preserve_format")
@@ -23,7 +24,7 @@ class _Record(metaclass=FrozenClass):
     are class attributes, which no pickle can change (see FrozenClass)."""
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        fields = ", ".join(f"{k}={bounded_repr(v, 200)}" for k, v in vars(self).items())
         return f"{type(self).__name__}({fields})"
 
     def __eq__(self, other: object) -> bool:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
-from inspector.entry import ChunkInfo, Entry, layout_problem, make_entry
+from inspector.entry import ChunkInfo, Entry, Kind, layout_problem, make_entry
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
 from inspector.formats import safe_pickle
 from inspector.formats.base import ChunkValue, Step, StoredRecord, file_sizes
@@ -42,17 +42,20 @@ _TRANSFORM_SLACK = 1 << 20
 # zstd's densest encoding (RLE blocks) stores 128 KiB in 4 bytes: no genuine compressed item
 # expands more, so a chunk claiming more is refused before anything is allocated for it.
 _MAX_ZSTD_RATIO = 1 << 15
+_MAX_DIMS = 64
+_MAX_INT = 1 << 62
 
 
 def metadata_files(storage: Storage, folder: str = "") -> list[str]:
-    """``.metadata``, or the per-rank ``__<r>.metadata`` files written without collectives."""
+    """``.metadata``, or the per-rank ``__<r>.metadata`` files written without collectives
+    (whatever they are: one that is not a regular file is refused when read, by name)."""
     try:
         listed = storage.list(folder)
     except InspectorError:
         # A storage that cannot list (a web server without index pages) may still hold it.
         whole = f"{folder}/{METADATA_FILE}" if folder else METADATA_FILE
         return [METADATA_FILE] if storage.kind(whole) == "file" else []
-    names = {name for name, kind in listed if kind == "file"}
+    names = {name for name, _kind in listed}
     if METADATA_FILE in names:
         return [METADATA_FILE]
     return sorted(
@@ -88,7 +91,7 @@ class DcpSource:
         files = metadata_files(storage) or [METADATA_FILE]
         self.metadata_name = files[0]
         referrer = storage.describe(self.metadata_name)
-        raw = _merge([_read_metadata(storage, name) for name in files], referrer)
+        raw, problems = _merge([_read_metadata(storage, name) for name in files], referrer)
         notes = [f"{self.metadata_name} found: torch.distributed.checkpoint (DCP) folder"]
         if len(files) > 1:
             notes.append(f"{len(files)} per-rank metadata files (saved without collectives)")
@@ -97,7 +100,7 @@ class DcpSource:
             if isinstance(raw.planner_data, dict)
             else "key names (no planner_data)"
         )
-        entries = _entries(raw, storage, referrer)
+        entries = _entries(raw, problems, storage, referrer)
         self.megatron = megatron.read_marker(storage) is not None
         legacy_common = megatron.legacy_common_entry(storage) if self.megatron else None
         entries, self._safetensors = _place_safetensors_chunks(storage, entries)
@@ -424,7 +427,9 @@ def _untransform(storage: Storage, name: str, chunk: ChunkInfo, entry: Entry) ->
 # --- metadata --------------------------------------------------------------------------------
 
 
-def _read_metadata(storage: Storage, name: str) -> Metadata:
+def _read_metadata(storage: Storage, name: str) -> tuple[Metadata, dict[str, str]]:
+    """One metadata file, its tables checked; and the keys it describes in a way that
+    cannot be genuine, each with why."""
     data = storage.read(name)
     metadata = safe_pickle.load_metadata(data, file=storage.describe(name))
     for table in ("state_dict_metadata", "storage_data"):
@@ -432,30 +437,50 @@ def _read_metadata(storage: Storage, name: str) -> Metadata:
             raise CorruptCheckpointError(
                 f"metadata has no {table} table", file=storage.describe(name)
             )
-    return metadata
+    return metadata, _shared_chunk_lists(metadata.state_dict_metadata, name)
 
 
-def _merge(parts: list[Metadata], referrer: str) -> Metadata:
-    """Union of per-rank metadata files (``__<r>.metadata``); one file is returned as is."""
-    merged = parts[0]
-    for part in parts[1:]:
+def _shared_chunk_lists(table: dict, source: str) -> dict[str, str]:
+    """Keys whose chunk list is also another key's. Each key of a genuine file has its own;
+    one list shared through the pickle's memo by thousands of keys would be walked (and
+    merged) once per key."""
+    owner: dict[int, Any] = {}
+    problems = {}
+    for key, md in table.items():
+        chunks = md.chunks if isinstance(md, TensorStorageMetadata) else None
+        if isinstance(chunks, list) and owner.setdefault(id(chunks), key) is not key:
+            first = _text(owner[id(chunks)])
+            problems[key] = f"{source} gives this key the chunk list of key {first}"
+    return problems
+
+
+def _merge(
+    parts: list[tuple[Metadata, dict[str, str]]], referrer: str
+) -> tuple[Metadata, dict[str, str]]:
+    """Union of per-rank metadata files (``__<r>.metadata``); one file is returned as is.
+    Keys found malformed in any file keep the first reason and are not merged."""
+    merged, problems = parts[0][0], dict(parts[0][1])
+    for part, found in parts[1:]:
+        for key, why in found.items():
+            problems.setdefault(key, why)
         for key, md in part.state_dict_metadata.items():
             mine = merged.state_dict_metadata.setdefault(key, md)
-            if mine is not md and isinstance(mine, TensorStorageMetadata):
-                if not (
-                    isinstance(mine.chunks, list) and isinstance(getattr(md, "chunks", None), list)
-                ):
-                    raise CorruptCheckpointError(
-                        f"per-rank chunk lists of {key!r} are malformed", file=referrer
-                    )
-                have = {_box(c) for c in mine.chunks}
-                # Without collectives nothing is de-duplicated: a replicated tensor's chunk
-                # is in every rank's file; one copy is read.
-                mine.chunks.extend(c for c in md.chunks if _box(c) not in have)
+            if mine is md or key in problems or not isinstance(mine, TensorStorageMetadata):
+                continue
+            if not (
+                isinstance(mine.chunks, list) and isinstance(getattr(md, "chunks", None), list)
+            ):
+                raise CorruptCheckpointError(
+                    f"per-rank chunk lists of {_text(key)} are malformed", file=referrer
+                )
+            have = {_box(c) for c in mine.chunks}
+            # Without collectives nothing is de-duplicated: a replicated tensor's chunk
+            # is in every rank's file; one copy is read.
+            mine.chunks.extend(c for c in md.chunks if _box(c) not in have)
         merged.storage_data.update(part.storage_data)
         if isinstance(part.planner_data, dict) and isinstance(merged.planner_data, dict):
             merged.planner_data.update(part.planner_data)
-    return merged
+    return merged, problems
 
 
 def _box(chunk: Any) -> tuple:
@@ -467,7 +492,9 @@ def _box(chunk: Any) -> tuple:
     )
 
 
-def _entries(md: Metadata, storage: Storage, referrer: str) -> list[Entry]:
+def _entries(
+    md: Metadata, problems: dict[str, str], storage: Storage, referrer: str
+) -> list[Entry]:
     planner = md.planner_data if isinstance(md.planner_data, dict) else None
     storage_by_key, names = _storage_by_key(md.storage_data)
     sizes = file_sizes(storage, names, referrer=referrer)
@@ -481,6 +508,10 @@ def _entries(md: Metadata, storage: Storage, referrer: str) -> list[Entry]:
                 f"metadata key {_text(key)} is not a string", file=referrer
             )
         where = storage_by_key.get(key, no_records)
+        kind: Kind = "tensor" if isinstance(item, TensorStorageMetadata) else "object"
+        if key in problems:
+            append(Entry(key, kind, error=problems[key]))
+            continue
         try:
             nested = _nested_path(key, planner)
             if isinstance(item, TensorStorageMetadata):
@@ -490,7 +521,7 @@ def _entries(md: Metadata, storage: Storage, referrer: str) -> list[Entry]:
             else:
                 raise TypeError(f"unknown storage metadata {type(item).__name__}")
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            append(Entry(key, "object", error=f"malformed {source} ({_text(str(exc))})"))
+            append(Entry(key, kind, error=f"malformed {source} ({_text(str(exc))})"))
     return entries
 
 
@@ -511,18 +542,20 @@ def _nested_path(key: str, planner: dict | None) -> tuple:
 
 
 def _storage_by_key(storage_data: dict) -> tuple[dict[str, dict[tuple | None, Any]], set[str]]:
-    """Storage records by key, then by chunk offsets (None for objects); and the file names
-    they refer to."""
+    """Storage records by key, then by chunk offsets (None for objects), and the file names
+    they refer to; records whose index is malformed are left out (their chunks then have no
+    record)."""
     by_key: dict[str, dict[tuple | None, Any]] = {}
     names = set()
     for index, info in storage_data.items():
         fqn = getattr(index, "fqn", None)
         offset = getattr(index, "offset", None)
-        if isinstance(fqn, str) and (offset is None or isinstance(offset, (tuple, list))):
+        dims = None if offset is None else _dims(offset)
+        if isinstance(fqn, str) and (offset is None or dims is not None):
             per = by_key.get(fqn)
             if per is None:
                 per = by_key[fqn] = {}
-            per[None if offset is None else tuple(offset)] = info
+            per[dims] = info
             name = getattr(info, "relative_path", None)
             if isinstance(name, str):
                 names.add(name)
@@ -533,20 +566,24 @@ def _tensor_entry(key: str, md: Any, nested: tuple, where: dict, sizes: dict, so
     """The entry of a tensor; problems that ``.metadata`` itself shows are named after it."""
     dtype = getattr(getattr(md, "properties", None), "dtype", None)
     name = _dtype_name(dtype)
-    shape = tuple(md.size) if isinstance(md.size, (tuple, list)) else None
-    if name is None or shape is None or not _valid_shape(shape):
-        shown = repr(dtype) if isinstance(dtype, (DtypeName, UnknownDtype)) else _text(dtype)
+    shape = _dims(md.size)
+    if name is None or shape is None or math.prod(shape) >= _MAX_INT:
+        shown = _text(repr(dtype) if isinstance(dtype, (DtypeName, UnknownDtype)) else dtype)
         problem = f"{source} gives an invalid dtype {shown} or shape {_text(md.size)}"
         return Entry(key, "tensor", dtype=name, nested_path=nested, error=problem)
     chunks = []
     error = None
     for chunk in md.chunks if isinstance(md.chunks, list) else []:
-        offsets = tuple(chunk.offsets)
+        offsets = _dims(getattr(chunk, "offsets", None))
+        csizes = _dims(getattr(chunk, "sizes", None))
+        if offsets is None or csizes is None or not len(offsets) == len(csizes) == len(shape):
+            error = error or f"{source} gives a chunk malformed offsets or sizes"
+            continue
         info = where.get(offsets)
         if info is None:
             error = error or f"{source} has no storage record for the chunk at {_text(offsets)}"
             continue
-        chunks.append(stored := _chunk(offsets, tuple(chunk.sizes), info))
+        chunks.append(stored := _chunk(offsets, csizes, info))
         error = error or _chunk_problem(stored, sizes, source)
     found = tuple(chunks)
     if error is None and (layout := layout_problem(shape, found)):
@@ -595,14 +632,19 @@ def _chunk(offsets: tuple, sizes: tuple, info: Any) -> ChunkInfo:
 _new_chunk = tuple.__new__
 
 
-def _valid_shape(shape: tuple) -> bool:
-    return _plausible(shape) and math.prod(shape) < 1 << 62
+def _dims(value: Any) -> tuple[int, ...] | None:
+    """A shape, offsets or sizes: at most 64 ints in ``[0, 2**62)`` (so any message can
+    print them); None if not."""
+    if not isinstance(value, (tuple, list)) or len(value) > _MAX_DIMS:
+        return None
+    dims = tuple(value)
+    return dims if _plausible(dims) else None
 
 
 def _plausible(numbers: tuple) -> bool:
     """Every element a non-negative int below 2**62."""
     for n in numbers:  # noqa: SIM110  (twice as fast as all() over a generator on short tuples)
-        if not (type(n) is int and 0 <= n < 1 << 62):
+        if not (type(n) is int and 0 <= n < _MAX_INT):
             return False
     return True
 
@@ -614,9 +656,7 @@ def _chunk_problem(chunk: ChunkInfo, sizes: dict, source: str) -> str | None:
         return f"bad file name {_text(chunk.file)}"
     if isinstance(size, str):
         return size
-    if not (type(chunk.byte_offset) is int and type(chunk.byte_length) is int) or (
-        chunk.byte_offset < 0 or chunk.byte_length < 0
-    ):
+    if _dims((chunk.byte_offset, chunk.byte_length)) is None:  # two plain ints in range
         return (
             f"bad byte range {_text(chunk.byte_offset)}+{_text(chunk.byte_length)} in {chunk.file}"
         )
@@ -624,11 +664,6 @@ def _chunk_problem(chunk: ChunkInfo, sizes: dict, source: str) -> str | None:
         return (
             f"{chunk.file} has {size} bytes but the chunk at {list(chunk.offsets)} ends at byte "
             f"{chunk.byte_offset + chunk.byte_length} (file truncated?)"
-        )
-    if not (_plausible(chunk.offsets) and _plausible(chunk.sizes)):
-        return (
-            f"chunk at offsets {_text(chunk.offsets)} size {_text(chunk.sizes)} "
-            f"is not made of plausible integers (per {source})"
         )
     return None
 

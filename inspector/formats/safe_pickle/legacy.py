@@ -10,6 +10,7 @@ from inspector.errors import (
 )
 from inspector.formats.safe_pickle.records import StorageRef
 from inspector.formats.safe_pickle.unpickler import DataUnpickler, run
+from inspector.reprs import bounded_repr
 from inspector.storage.base import Stream
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -27,7 +28,9 @@ def load_legacy_torch(f: Stream, *, file: str) -> tuple[Any, list[StorageRef]]:
         raise CorruptCheckpointError("a pickle file, but not one torch.save wrote", file=file)
     version, sys_info = (run(DataUnpickler(f, file, None)) for _ in range(2))
     if version != _LEGACY_PROTOCOL:
-        raise UnsupportedError(f"legacy torch.save format version {version!r}", file=file)
+        raise UnsupportedError(
+            f"legacy torch.save format version {bounded_repr(version, 200)}", file=file
+        )
     if not isinstance(sys_info, dict) or sys_info.get("little_endian") is not True:
         raise UnsupportedError("legacy torch.save file from a big-endian machine", file=file)
     unpickler = DataUnpickler(f, file, None)

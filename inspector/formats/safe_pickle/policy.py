@@ -9,6 +9,7 @@ Every stand-in a pickle can reach is immutable (see :mod:`.records`).
 from __future__ import annotations
 
 import io
+import math
 import pathlib
 import re
 from collections import OrderedDict, defaultdict
@@ -17,7 +18,7 @@ from typing import Any
 
 from inspector import dtypes
 from inspector.formats.dcp import metadata as dcp_metadata
-from inspector.formats.safe_pickle import dtensor, stdlib
+from inspector.formats.safe_pickle import budget, dtensor, stdlib
 from inspector.formats.safe_pickle.records import (
     PARAMETER,
     TENSOR,
@@ -35,6 +36,7 @@ from inspector.formats.safe_pickle.records import (
     numpy_reconstruct,
     numpy_scalar,
 )
+from inspector.reprs import bounded_repr
 
 # Modules (by top-level package) and names whose only use in a pickle is running code.
 _DANGEROUS_MODULES = frozenset(
@@ -128,33 +130,72 @@ _DANGEROUS_TORCH = (
     "torch.cuda",
 )
 _MAX_BUILTIN_BYTES = 1 << 26
+_MAX_DIMS = 64
+_MAX_INT = 1 << 62  # beyond any genuine size, offset or stride (and small enough to print)
 
 
-def _sized(kind: type) -> Callable[..., Any]:
-    """``bytes(n)`` / ``bytearray(n)`` would let a tiny pickle allocate gigabytes."""
+def _encoded_size(text: str, encoding: Any) -> int:
+    """The most bytes ``text`` encodes to (one per character in latin-1)."""
+    latin = isinstance(encoding, str) and encoding.lower().replace("-", "") == "latin1"
+    return len(text) * (1 if latin else 4)
+
+
+def _copying(kind: type) -> Callable[..., Any]:
+    """``kind(iterable)`` (``list``, ``set``, ``dict``, ...), charged by the length of
+    what it copies."""
 
     def build(*args: Any) -> Any:
-        if args and isinstance(args[0], int) and args[0] > _MAX_BUILTIN_BYTES:
-            raise ValueError(f"{kind.__name__}({args[0]}) is larger than any genuine value")
+        if args:
+            budget.charge(len(args[0]), f"{kind.__name__}() of a memoised value")
         return kind(*args)
 
     return build
 
 
+def _sized(kind: type) -> Callable[..., Any]:
+    """``bytes(n)`` / ``bytearray(n)`` (zeros) or of a string or a buffer, charged by the
+    bytes it makes, each call also capped: a tiny pickle must not allocate gigabytes."""
+
+    def build(*args: Any) -> Any:
+        source = args[0] if args else b""
+        if isinstance(source, int):
+            size = source
+        elif isinstance(source, str):
+            size = _encoded_size(source, args[1] if len(args) > 1 else None)
+        else:
+            size = len(source)
+        if size > _MAX_BUILTIN_BYTES:
+            raise ValueError(f"{kind.__name__} of {size} bytes is larger than any genuine value")
+        budget.charge(size, f"{kind.__name__}()")
+        return kind(*args)
+
+    return build
+
+
+def _text(value: Any = "") -> str:
+    """``str(x)`` (and ``torch.torch_version.TorchVersion``) of text or a number only: the
+    text of a container could be gigabytes."""
+    if not isinstance(value, (str, int, float)):
+        raise ValueError(f"str() of a {type(value).__name__} is never part of a checkpoint")
+    return str(value)
+
+
+_TUPLE = Allowed(_copying(tuple), "builtins.tuple")
+_TEXT = Allowed(_text, "builtins.str")
 _SAFE_BUILTINS: dict[str, Any] = {
-    "set": set,
-    "frozenset": frozenset,
+    "set": Allowed(_copying(set), "builtins.set"),
+    "frozenset": Allowed(_copying(frozenset), "builtins.frozenset"),
     "bytearray": Allowed(_sized(bytearray), "builtins.bytearray"),
     "complex": complex,
     "slice": slice,
     "int": int,
     "float": float,
-    "str": str,
+    "str": _TEXT,
     "bytes": Allowed(_sized(bytes), "builtins.bytes"),
     "bool": bool,
-    "list": list,
-    "dict": dict,
-    "tuple": tuple,
+    "list": Allowed(_copying(list), "builtins.list"),
+    "dict": Allowed(_copying(dict), "builtins.dict"),
+    "tuple": _TUPLE,
     "object": object,
 }
 
@@ -163,18 +204,20 @@ _SAFE_BUILTINS: dict[str, Any] = {
 
 
 def _ints(value: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(value, (tuple, list)) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ):
-        raise ValueError(f"{what} must be a tuple of ints, got {value!r}")
-    if any(v < 0 for v in value):
-        raise ValueError(f"{what} has a negative entry: {tuple(value)}")
+    """A size or stride: at most 64 plain ints in ``[0, 2**62)`` (so every message can
+    print it), whose product is below ``2**62`` too."""
+    if not isinstance(value, (tuple, list)) or len(value) > _MAX_DIMS:
+        raise ValueError(f"{what} must be a tuple of at most {_MAX_DIMS} ints")
+    if not all(type(v) is int and 0 <= v < _MAX_INT for v in value):
+        raise ValueError(f"{what} must be made of ints in [0, 2**62), got {bounded_repr(value)}")
+    if math.prod(value) >= _MAX_INT:
+        raise ValueError(f"{what} {list(value)} has more than 2**62 elements")
     return tuple(value)
 
 
 def _dtype(value: Any) -> str:
     if not isinstance(value, DtypeName):
-        raise ValueError(f"bad dtype {value!r}")
+        raise ValueError(f"bad dtype {bounded_repr(value, 200)}")
     return str(value)
 
 
@@ -183,8 +226,8 @@ def _tensor_ref(
 ) -> TensorRef:
     if not isinstance(storage, StorageRef):
         raise ValueError(f"tensor storage is {type(storage).__name__}, not a storage record")
-    if not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"bad storage offset {offset!r}")
+    if type(offset) is not int or not 0 <= offset < _MAX_INT:
+        raise ValueError(f"bad storage offset {bounded_repr(offset)}")
     shape, strides = _ints(size, "size"), _ints(stride, "stride")
     if len(shape) != len(strides):
         raise ValueError(f"size {shape} and stride {strides} differ in length")
@@ -255,17 +298,21 @@ def _rebuild_wrapper_subclass(
     device: Any,
     requires_grad: Any,
 ) -> SubclassRef:
-    name = getattr(cls, "global_name", getattr(cls, "__name__", repr(cls)))
+    name = getattr(cls, "global_name", None) or bounded_repr(cls, 200)
     outer = str(dtype) if isinstance(dtype, DtypeName) else None
     return SubclassRef(str(name), outer, _ints(size, "size"))
 
 
 def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any) -> Any:
     if not callable(func) or not isinstance(args, tuple):
-        raise ValueError(f"{func!r} is not a rebuild function")
+        raise ValueError(f"{bounded_repr(func, 200)} is not a rebuild function")
     value = func(*args)
     if isinstance(state, tuple) and len(state) == 2:
-        state = {**(state[0] or {}), **(state[1] or {})}
+        parts = [part or {} for part in state]
+        budget.charge(sum(map(len, parts)), "tensor subclass state")
+        state = {**parts[0], **parts[1]}
+    if isinstance(state, dict):
+        budget.charge(len(state), "tensor subclass state")
     if new_type in (TENSOR, PARAMETER) or not isinstance(new_type, type):
         return value
     if isinstance(value, SubclassRef):
@@ -277,12 +324,23 @@ def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any) -> Any:
     return value
 
 
+def _defaultdict(factory: Any = None, *items: Any) -> defaultdict:
+    """``collections.defaultdict(factory)``: the factory is kept, never called (a decoded
+    value is read, not added to)."""
+    if items:
+        budget.charge(len(items[0]), "defaultdict()")
+    return defaultdict(factory, *items)
+
+
 def _codecs_encode(text: Any, encoding: str = "utf-8") -> bytes:
     """Protocol-2 pickles spell ``bytes`` as ``_codecs.encode(str, 'latin1')``."""
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8"):
-        raise ValueError(f"refusing _codecs.encode({type(text).__name__}, {encoding!r})")
+        raise ValueError(
+            f"refusing _codecs.encode({type(text).__name__}, {bounded_repr(encoding, 200)})"
+        )
     if len(text) > _MAX_BUILTIN_BYTES:
         raise ValueError("_codecs.encode of a string larger than any genuine value")
+    budget.charge(_encoded_size(text, encoding), "_codecs.encode")
     return text.encode(encoding)
 
 
@@ -294,7 +352,10 @@ def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
         return object()
     if cls is base and base in _SAFE_BUILTINS.values():
         return base(state) if state is not None else base()
-    raise ValueError(f"copyreg._reconstructor({cls!r}, {base!r}) is not allowed")
+    raise ValueError(
+        f"copyreg._reconstructor({bounded_repr(cls, 200)}, {bounded_repr(base, 200)}) "
+        "is not allowed"
+    )
 
 
 # torch's legacy typed storage classes (``torch.FloatStorage``, ...) and their dtypes.
@@ -344,7 +405,7 @@ def _torch_global(name: str) -> Any:
     if name in _NAMED:
         return _NAMED[name]
     if name == "Size":
-        return tuple
+        return _TUPLE
     if name == "device":
         return _DEVICE
     if name == "Tensor":
@@ -356,7 +417,7 @@ def _torch_global(name: str) -> Any:
 
 def _device(kind: Any, index: Any = None) -> str:
     if not isinstance(kind, str) or (index is not None and not isinstance(index, int)):
-        raise ValueError(f"bad torch.device({kind!r}, {index!r})")
+        raise ValueError(f"bad torch.device({bounded_repr((kind, index), 200)})")
     return kind if index is None else f"{kind}:{index}"
 
 
@@ -364,18 +425,25 @@ _DEVICE = Allowed(_device, "torch.device")
 
 
 def _get_layout(name: Any) -> Marker:
-    layout = str(name).removeprefix("torch.")
+    layout = name.removeprefix("torch.") if isinstance(name, str) else None
     if layout not in _LAYOUTS:
-        raise ValueError(f"unknown layout {name!r}")
+        raise ValueError(f"unknown layout {bounded_repr(name, 200)}")
     return _NAMED[layout]
 
 
+def _path_parts(parts: tuple[Any, ...]) -> tuple[str, ...]:
+    if not all(isinstance(p, str) for p in parts):
+        raise ValueError("a pickled path is made of strings")
+    budget.charge(sum(map(len, parts)), "a path")
+    return parts
+
+
 def _pure_path(*parts: Any) -> pathlib.PurePath:
-    return pathlib.PurePosixPath(*(str(p) for p in parts))
+    return pathlib.PurePosixPath(*_path_parts(parts))
 
 
 def _pure_windows_path(*parts: Any) -> pathlib.PurePath:
-    return pathlib.PureWindowsPath(*(str(p) for p in parts))
+    return pathlib.PureWindowsPath(*_path_parts(parts))
 
 
 _PATH_CLASSES = {
@@ -392,13 +460,13 @@ def _allowed(module: str, functions: dict[str, Callable[..., Any]]) -> dict[tupl
 
 
 _DATA_GLOBALS: dict[tuple[str, str], Any] = {
-    ("collections", "OrderedDict"): OrderedDict,
-    ("collections", "defaultdict"): defaultdict,
+    ("collections", "OrderedDict"): Allowed(_copying(OrderedDict), "collections.OrderedDict"),
+    ("collections", "defaultdict"): Allowed(_defaultdict, "collections.defaultdict"),
     ("_io", "BytesIO"): io.BytesIO,
     ("io", "BytesIO"): io.BytesIO,
     ("torch.storage", "UntypedStorage"): _UNTYPED,
     ("torch.nn.parameter", "Parameter"): PARAMETER,
-    ("torch.torch_version", "TorchVersion"): str,
+    ("torch.torch_version", "TorchVersion"): _TEXT,
     **_allowed("_codecs", {"encode": _codecs_encode}),
     **_allowed("copyreg", {"_reconstructor": _reconstructor}),
     **_allowed(
@@ -430,7 +498,7 @@ for _module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray"):
 
 def _metadata_table() -> dict[tuple[str, str], Any]:
     names: dict[tuple[str, str], Any] = dict(dcp_metadata.CLASSES)
-    names[("torch", "Size")] = tuple
+    names[("torch", "Size")] = _TUPLE
     names[("torch.serialization", "_get_layout")] = _DATA_GLOBALS[
         ("torch.serialization", "_get_layout")
     ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import pickletools
 import re
@@ -68,10 +67,10 @@ def _opcode_run() -> re.Pattern[bytes]:
 _UNCHECKED_RUN = _opcode_run()
 
 
-def _claimed_sizes(data: bytes) -> Iterator[tuple[str, int]]:
-    """(opcode, claimed size) for every LONG_BINPUT, PUT and FRAME of the pickle in ``data``
-    (BINPUT's one-byte index needs no check)."""
-    i, end, frame_end = 0, len(data), 0
+def _claimed_sizes(data: bytes, start: int) -> Iterator[tuple[str, int]]:
+    """(opcode, claimed size) for every LONG_BINPUT, PUT and FRAME of the pickle at byte
+    ``start`` of ``data`` (BINPUT's one-byte index needs no check)."""
+    i, end, frame_end = start, len(data), 0
     while True:
         run = _UNCHECKED_RUN.match(data, i)
         i = run.end() if run else i
@@ -103,14 +102,15 @@ def _claimed_sizes(data: bytes) -> Iterator[tuple[str, int]]:
             raise ValueError(f"the pickle {known} opcode {op:#04x} at byte {i}")
 
 
-def check_sizes(stream: Stream, *, file: str, key: str | None) -> None:
+def check_sizes(stream: Stream, *, file: str, key: str | None, data: bytes | None = None) -> int:
     """Refuse the pickle at ``stream``'s position if it claims more than its own size could
-    justify (see above); the stream is left where it was."""
+    justify (see above); the stream is left where it was. ``data``: the bytes ``stream``
+    reads, when in memory (scanned in place, never copied). Returns the pickle's size: the
+    most bytes it can use."""
     start = stream.tell()
-    if isinstance(stream, io.BytesIO):
-        data = stream.getbuffer()[start:].tobytes()
-        claims = _claimed_sizes(data)
-        limit = len(data)
+    if data is not None:
+        claims = _claimed_sizes(data, start)
+        limit = len(data) - start
     else:  # a pre-1.6 file's pickles, read in place: pickletools finds their ends
         limit = stream.seek(0, os.SEEK_END) - start
         stream.seek(start)
@@ -134,3 +134,4 @@ def check_sizes(stream: Stream, *, file: str, key: str | None) -> None:
         ) from exc
     finally:
         stream.seek(start)
+    return limit

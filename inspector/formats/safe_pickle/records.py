@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from inspector.formats.safe_pickle import budget
 from inspector.reprs import bounded_repr
 
 
@@ -185,6 +186,19 @@ class TensorRef:
             return 0
         return 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True))
 
+    @property
+    def overlapping(self) -> bool:
+        """Whether two of its elements share storage other than by repeating one along a
+        stride-0 dimension (``expand``): ``as_strided`` views only, whose element count the
+        storage does not bound."""
+        dims = sorted((s, n) for n, s in zip(self.shape, self.stride, strict=True) if n > 1 and s)
+        reach = 1
+        for stride, size in dims:
+            if stride < reach:
+                return True
+            reach += (size - 1) * stride
+        return False
+
 
 @dataclass(frozen=True, slots=True)
 class SubclassRef:
@@ -230,7 +244,7 @@ class UnknownDtype:
 _NUMPY_KINDS = "biuf"  # bool, signed, unsigned, float: plain numbers only
 
 
-class NumpyDtype(Immutable):
+class NumpyDtype(Immutable, metaclass=FrozenClass):
     """``numpy.dtype(code)`` of a plain numeric type (``'<f8'``, ``'u4'``, ``'?'``); object,
     structured and subarray dtypes are refused."""
 
@@ -240,9 +254,9 @@ class NumpyDtype(Immutable):
 
     def __init__(self, code: Any, align: Any = False, copy: Any = True) -> None:
         if not (isinstance(code, str) and len(code) >= 2 and code[0] in _NUMPY_KINDS):
-            raise ValueError(f"numpy dtype {code!r} is not a plain number type")
+            raise ValueError(f"numpy dtype {bounded_repr(code, 200)} is not a plain number type")
         if not code[1:].isdigit() or int(code[1:]) not in (1, 2, 4, 8):
-            raise ValueError(f"numpy dtype {code!r} has an unsupported size")
+            raise ValueError(f"numpy dtype {bounded_repr(code, 200)} has an unsupported size")
         object.__setattr__(self, "code", code)
         object.__setattr__(self, "byteorder", "|" if code[1:] == "1" else "<")
 
@@ -250,12 +264,12 @@ class NumpyDtype(Immutable):
         """numpy pickles ``(version, byteorder, subdtype, names, fields, ...)``: only a
         plain dtype without names, fields or subarray is accepted."""
         if not isinstance(state, tuple) or len(state) < 5:
-            raise ValueError(f"numpy dtype state {state!r} is malformed")
+            raise ValueError(f"numpy dtype state {bounded_repr(state, 200)} is malformed")
         _, order, subarray, names, fields = state[:5]
         if subarray is not None or names is not None or fields is not None:
             raise ValueError("structured or subarray numpy dtypes are not supported")
         if order not in ("<", "|", "="):
-            raise ValueError(f"numpy byte order {order!r} is not little-endian")
+            raise ValueError(f"numpy byte order {bounded_repr(order, 200)} is not little-endian")
         object.__setattr__(self, "byteorder", order)
 
     @property
@@ -273,7 +287,7 @@ class NumpyDtype(Immutable):
         return f"numpy.dtype({self.code!r})"
 
 
-class NumpyArray:
+class NumpyArray(metaclass=FrozenClass):
     """``numpy.ndarray`` rebuilt by ``_reconstruct`` + BUILD: shape, dtype and raw bytes,
     checked to agree (no element is allocated that the file does not hold)."""
 
@@ -284,19 +298,20 @@ class NumpyArray:
 
     def __setstate__(self, state: Any) -> None:
         if not isinstance(state, tuple) or len(state) != 5:
-            raise ValueError(f"numpy array state {state!r} is malformed")
+            raise ValueError(f"numpy array state {bounded_repr(state, 200)} is malformed")
         _, shape, dtype, _fortran, data = state
         if not isinstance(dtype, NumpyDtype):
             raise ValueError("numpy array of an unsupported dtype")
         if not (isinstance(shape, tuple) and all(type(n) is int and n >= 0 for n in shape)):
-            raise ValueError(f"numpy array shape {shape!r} is malformed")
-        if isinstance(data, str):
-            data = data.encode("latin-1")
-        if not isinstance(data, (bytes, bytearray)) or len(data) != math.prod(shape) * (
+            raise ValueError(f"numpy array shape {bounded_repr(shape, 200)} is malformed")
+        if not isinstance(data, (bytes, bytearray, str)) or len(data) != math.prod(shape) * (
             dtype.itemsize
         ):
-            raise ValueError(f"numpy array of shape {shape} has data of the wrong size")
-        self.shape, self.dtype, self.data = shape, dtype, bytes(data)
+            raise ValueError("numpy array has data of the wrong size for its shape")
+        if not isinstance(data, bytes):
+            budget.charge(len(data), "numpy array data")
+            data = data.encode("latin-1") if isinstance(data, str) else bytes(data)
+        self.shape, self.dtype, self.data = shape, dtype, data
 
     def to_numpy(self) -> Any:
         """The array, built from its checked bytes with ``numpy.frombuffer``."""
@@ -315,7 +330,7 @@ def numpy_scalar(dtype: Any, data: Any) -> Any:
     """``numpy.core.multiarray.scalar(dtype, bytes)``: the value as a Python number."""
     if not isinstance(dtype, NumpyDtype):
         raise ValueError("numpy scalar of an unsupported dtype")
-    if isinstance(data, str):
+    if isinstance(data, str) and len(data) == dtype.itemsize:
         data = data.encode("latin-1")
     if not isinstance(data, bytes) or len(data) != dtype.itemsize:
         raise ValueError("numpy scalar data has the wrong size")
@@ -325,5 +340,5 @@ def numpy_scalar(dtype: Any, data: Any) -> Any:
 def numpy_reconstruct(cls: Any, shape: Any, code: Any) -> NumpyArray:
     """``numpy.core.multiarray._reconstruct(ndarray, (0,), b'b')``: an empty array to BUILD."""
     if cls is not NumpyArray:
-        raise ValueError(f"_reconstruct of {cls!r} is not supported")
+        raise ValueError(f"_reconstruct of {bounded_repr(cls, 200)} is not supported")
     return NumpyArray()

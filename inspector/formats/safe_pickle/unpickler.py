@@ -8,6 +8,9 @@ code-execution entry points with :class:`UnsafeCheckpointError`, and turn everyt
 into an inert :class:`Opaque` placeholder that records what it was given and does nothing.
 Tensors are not built while unpickling: a torch archive's ``data.pkl`` yields
 :class:`TensorRef` / :class:`SubclassRef` descriptions that a source materialises later.
+What a pickle builds is bounded by its size (:mod:`.prescan`, :mod:`.budget`), and what it
+yields is checked to be a tree of bounded depth and size (:mod:`.walk`), so code walking it
+cannot recurse or loop without end.
 """
 
 from __future__ import annotations
@@ -24,11 +27,20 @@ from inspector.errors import (
     UnsupportedError,
 )
 from inspector.formats.dcp import metadata as dcp_metadata
-from inspector.formats.safe_pickle import policy
+from inspector.formats.safe_pickle import budget, policy
 from inspector.formats.safe_pickle.prescan import check_sizes
 from inspector.formats.safe_pickle.records import Opaque, StorageRef, StorageType, opaque_class
+from inspector.formats.safe_pickle.walk import walk_problem
 from inspector.gc_pause import paused_gc
+from inspector.reprs import bounded_repr
 from inspector.storage.base import Stream
+
+MAX_DEPTH = 200  # genuine checkpoints nest a few levels; code walking a value recurses per level
+# Walked as a tree, a genuine pickle's value has about as many nodes as the pickle has bytes
+# (a tied weight is two references to one tensor); sharing that multiplies it is damage.
+_NODES_PER_BYTE = 16
+_MIN_NODES = 1 << 16
+_MAX_NUMEL = 1 << 62
 
 # ---------------------------------------------------------------------------------------
 # Unpicklers
@@ -38,6 +50,7 @@ class _Unpickler(pickle.Unpickler):
     """Resolves globals through ``resolve``; refuses persistent ids unless a subclass maps them."""
 
     def __init__(self, data: bytes | Stream, file: str, key: str | None) -> None:
+        self.data = data if isinstance(data, bytes) else None
         self.stream = io.BytesIO(data) if isinstance(data, bytes) else data
         super().__init__(self.stream)
         self.file, self.key = file, key
@@ -47,11 +60,11 @@ class _Unpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if not isinstance(module, str) or not isinstance(name, str):
-            raise self.unsafe(f"non-string global {module!r}.{name!r}")
+            raise self.unsafe(f"non-string global {bounded_repr((module, name), 200)}")
         return self.resolve(module, name)
 
     def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+        raise pickle.UnpicklingError(f"unexpected persistent id {bounded_repr(pid, 200)}")
 
     def unsafe(self, what: str) -> UnsafeCheckpointError:
         return UnsafeCheckpointError(
@@ -109,36 +122,52 @@ class DataUnpickler(_Unpickler):
                 )
             pid = pid[:5]
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+            raise pickle.UnpicklingError(f"unexpected persistent id {bounded_repr(pid, 200)}")
         _, storage_type, key, _location, numel = pid
         if not isinstance(storage_type, StorageType):
-            raise pickle.UnpicklingError(f"storage type {storage_type!r} is not a torch storage")
-        if not isinstance(key, str) or not isinstance(numel, int) or numel < 0:
-            raise pickle.UnpicklingError(f"bad storage record {key!r} of {numel!r} elements")
+            raise pickle.UnpicklingError(
+                f"storage type {bounded_repr(storage_type, 200)} is not a torch storage"
+            )
+        if not isinstance(key, str) or type(numel) is not int or not 0 <= numel < _MAX_NUMEL:
+            raise pickle.UnpicklingError(
+                f"bad storage record {bounded_repr((key, numel), 200)} (key, elements)"
+            )
         ref = StorageRef(key, storage_type.dtype or "uint8", numel)
         self.storages.setdefault(key, ref)
         return ref
 
 
 def run(unpickler: _Unpickler) -> Any:
+    """Check, then unpickle; every failure is an InspectorError naming the file and key."""
+    file, key = unpickler.file, unpickler.key
     try:
-        check_sizes(unpickler.stream, file=unpickler.file, key=unpickler.key)
-        with paused_gc():
-            return unpickler.load()
+        size = check_sizes(unpickler.stream, file=file, key=key, data=unpickler.data)
+        with paused_gc(), budget.budget(size):
+            value = unpickler.load()
     except InspectorError:
         raise
     except RecursionError as exc:
-        raise CorruptCheckpointError(
-            "pickle nests too deeply", file=unpickler.file, key=unpickler.key
-        ) from exc
+        raise CorruptCheckpointError("pickle nests too deeply", file=file, key=key) from exc
     except MemoryError:  # the machine's limit, not the file's fault (sizes are checked above)
         raise
     except Exception as exc:  # a malformed pickle can raise almost anything
         raise CorruptCheckpointError(
-            f"cannot decode pickle ({type(exc).__name__}: {exc})",
-            file=unpickler.file,
-            key=unpickler.key,
+            f"cannot decode pickle ({type(exc).__name__}: {_reason(exc)})", file=file, key=key
         ) from exc
+    nodes = _NODES_PER_BYTE * max(size, _MIN_NODES)
+    problem = walk_problem(value, max_depth=MAX_DEPTH, max_nodes=nodes)
+    if problem is not None:
+        raise CorruptCheckpointError(f"cannot use the pickle: {problem}", file=file, key=key)
+    return value
+
+
+def _reason(exc: BaseException) -> str:
+    """The exception's text, cut (a message can quote what a pickle holds)."""
+    try:
+        text = str(exc)
+    except Exception:  # a message that cannot itself be printed (an int too long, say)
+        return "unprintable"
+    return text if len(text) <= 500 else text[:500] + "..."
 
 
 def load_metadata(data: bytes, *, file: str) -> dcp_metadata.Metadata:

@@ -100,7 +100,7 @@ class TorchSaveSource:
             return record
         try:
             check_fits(record, ref, file=self.label, key=None)
-        except CorruptCheckpointError as exc:
+        except InspectorError as exc:
             return exc.reason
         return None
 

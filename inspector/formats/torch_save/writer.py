@@ -5,6 +5,12 @@ torch's own zip writer lays out the archive and ``data.pkl`` is spelled exactly 
 record is only reserved by the writer; the sink it writes through fills the reserved
 bytes there and then, one tensor at a time (a single front-to-back pass), and the
 records' CRC-32s are set at the end.
+
+While torch's writer exists, Ctrl-C (SIGINT) is recorded, not raised: a KeyboardInterrupt
+inside a callback from C++ would leave the writer half-done, and its destructor would then
+abort the whole process. The sink writes nothing more once the interrupt is recorded (the
+writer finishes at once, into nothing), and the interrupt is delivered as soon as the
+writer is gone; the caller removes the partial file.
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ import io
 import math
 import os
 import pickle
+import signal
 import struct
 import sys
+import threading
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -59,21 +67,22 @@ def append_archive(
         _replace_leaves(structure, lambda item: _TensorReduction(item, by_id[id(item)]))
     )
     start = f.seek(0, os.SEEK_END)
-    sink = _Sink(f, [item for item in items if item.nbytes], progress)
-    writer = torch._C.PyTorchFileWriter(sink)  # type: ignore[call-overload]  # a file-like
-    try:
-        for item, storage in zip(items, storages, strict=True):
-            writer.write_record_metadata(f"data/{storage.key}", item.nbytes)
-        for name, data in (
-            ("data.pkl", buffer.getvalue()),
-            (".format_version", b"1"),
-            (".storage_alignment", b"64"),
-            ("byteorder", sys.byteorder.encode()),
-        ):
-            writer.write_record(name, data, len(data))
-        writer.write_end_of_file()
-    finally:
-        del writer  # an unfinished writer finishes the archive here, into the sink
+    with _DeferredInterrupt() as interrupt:
+        sink = _Sink(f, [item for item in items if item.nbytes], progress, interrupt)
+        writer = torch._C.PyTorchFileWriter(sink)  # type: ignore[call-overload]  # a file-like
+        try:
+            for item, storage in zip(items, storages, strict=True):
+                writer.write_record_metadata(f"data/{storage.key}", item.nbytes)
+            for name, data in (
+                ("data.pkl", buffer.getvalue()),
+                (".format_version", b"1"),
+                (".storage_alignment", b"64"),
+                ("byteorder", sys.byteorder.encode()),
+            ):
+                writer.write_record(name, data, len(data))
+            writer.write_end_of_file()
+        finally:
+            del writer  # an unfinished writer finishes the archive here, into the sink
     if sink.error is not None:
         raise sink.error
     filled = list(zip(sink.items, sink.crcs, strict=True))
@@ -82,31 +91,74 @@ def append_archive(
     return f.seek(0, os.SEEK_END) - start, crcs
 
 
+class _DeferredInterrupt:
+    """SIGINT recorded instead of raised inside the block (main thread only: no other
+    thread ever gets a KeyboardInterrupt), then delivered as the handler it replaced would
+    have: that handler called (Python's raises KeyboardInterrupt), or the signal raised
+    again (ignored, or the default action)."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> _DeferredInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._record)
+            self._installed = True
+        return self
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.pending = True
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._installed:
+            return
+        signal.signal(signal.SIGINT, self._previous)
+        if not self.pending:
+            return
+        if callable(self._previous):
+            self._previous(signal.SIGINT, None)
+        else:
+            signal.raise_signal(signal.SIGINT)
+
+
 class _Sink:
     """What torch's zip writer writes through.
 
     Where the writer skips over a reserved storage record, the next item's bytes are
     written instead, so the archive is written front to back in one pass. Any failure
-    (disk full, unreadable source, an interrupt) is kept and raised by the caller once
-    torch is done: torch's writer would throw again from its destructor, which aborts
-    the whole process.
+    (disk full, unreadable source, the progress callback's) is kept and raised by the
+    caller once torch is done: torch's writer would throw again from its destructor, which
+    aborts the whole process. After a failure or an interrupt nothing more is written.
     """
 
-    def __init__(self, f: BinaryIO, items: list[Item], progress: Callable[[Item], None]) -> None:
-        self.f, self.items, self.progress = f, items, progress
+    def __init__(
+        self,
+        f: BinaryIO,
+        items: list[Item],
+        progress: Callable[[Item], None],
+        interrupt: _DeferredInterrupt,
+    ) -> None:
+        self.f, self.items, self.progress, self.interrupt = f, items, progress, interrupt
         self.error: BaseException | None = None
         self.crcs: list[int] = []  # of the items filled so far, in order
 
+    @property
+    def stopped(self) -> bool:
+        return self.error is not None or self.interrupt.pending
+
     def write(self, data: Any) -> int:
-        if self.error is None:
+        size = memoryview(data).nbytes
+        if not self.stopped:
             try:
                 write_all(self.f.fileno(), data)
-            except OSError as exc:
+            except BaseException as exc:
                 self.error = exc
-        return memoryview(data).nbytes
+        return size
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        if self.error is not None:
+        if self.stopped:
             return 0
         try:
             if whence == os.SEEK_CUR and offset > 0 and len(self.crcs) < len(self.items):

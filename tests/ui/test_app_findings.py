@@ -180,3 +180,25 @@ def test_no_fp8_no_button(demo_dir: Path, name: str) -> None:
     app = opened(demo_dir / name)
     assert "FP8 no FP8 or subclass tensors in 21 scanned" in text(app.header.found)
     assert app.header.fp8_button.layout.display == "none"
+
+
+def test_quantized_payloads_are_dequantized(tmp_path: Path) -> None:
+    from tests.fixtures import fp8_checkpoints as fx
+
+    made = fx.payloads(fx.weight())
+    objects = {WQ: made["f8_row"], "layers.0.attention.wk.weight": made["f8_tensor"]}
+    torch.save({**objects, "norm.weight": torch.ones(8)}, tmp_path / "quantized.pt")
+    app = opened(tmp_path / "quantized.pt")
+    found = text(app.header.found)
+    assert found.startswith("FP8 2 Float8Tensor (quantized payload)")
+    assert "Fix: Export with fp8='dequantize'" in found
+    assert label(app, "layers").endswith("[2 FP8]")
+    app.header.fp8_button.click()
+    assert app.export.fp8.value == "dequantize"
+    app.export.out.value = str(tmp_path / "plain")
+    app.export.export_button.click()
+    app.export.wait()
+    assert "verified 3 tensors" in text(app.export.outcome), text(app.export.outcome)
+    tensors = load_file(tmp_path / "plain" / "model.safetensors")
+    for key, obj in objects.items():
+        assert torch.equal(tensors[key], fx.torchao_dequantized(obj)), key

@@ -236,6 +236,10 @@ class Checkpoint:
         ):
             self.detection(key)
 
+    def scanned(self, key: str) -> Detection | None:
+        """``key``'s detection when it was scanned already, else None (reads nothing)."""
+        return self._detections.get(key)
+
     def detection(self, key: str) -> Detection:
         """What ``key``'s chunks hold (plain, FP8 wrapper, quantized payload, unknown
         subclass), scanned on first use."""

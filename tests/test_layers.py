@@ -17,6 +17,7 @@ LAYERS = (
         "inspector.errors",
         "inspector.dtypes",
         "inspector.gc_pause",
+        "inspector.progress",
         "inspector.reprs",
         "inspector.version",
     ),

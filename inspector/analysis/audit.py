@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from inspector.errors import InspectorError, NotACheckpointError
 from inspector.formats.detect import Sign, unfinished_save
 from inspector.keys.spellings import model_fqn
 from inspector.keys.training import is_train_step
+from inspector.progress import Counter, ProgressFn
 from inspector.storage import open_location
 
 if TYPE_CHECKING:
@@ -153,6 +155,8 @@ def audit(
     values: bool = False,
     *,
     progress: bool = False,
+    on_progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> AuditReport:
     """Audit a checkpoint: integrity, unfinished saves, completeness and resume readiness.
@@ -160,6 +164,8 @@ def audit(
     ``checksums``: read every record and check its CRC-32 (the costly part: about one read of
     the files); ``values``: also read every floating tensor and count NaN / Inf values.
     A folder an unfinished save left (no metadata yet) gives a report, not an error.
+    ``on_progress(done, total)``: bytes of the checksum pass; a set ``cancel`` event stops
+    it with :class:`~inspector.progress.Cancelled` (see :mod:`inspector.progress`).
     ``storage_options``: fsspec options for a URL.
     """
     if isinstance(ck_or_path, Checkpoint):
@@ -174,7 +180,7 @@ def audit(
             found = tuple(Problem(None, _first(s), "unfinished", s.message) for s in signs)
             return AuditReport(str(ck_or_path), None, found)
     problems = _leftovers(ck)
-    advance, close = _progress(ck, progress and checksums)
+    advance, close = _progress(ck, progress and checksums, on_progress, cancel)
     try:
         damage, counts = check_integrity(ck.source, checksums=checksums, advance=advance)
     finally:
@@ -195,9 +201,7 @@ def _checked(counts: IntegrityCounts, checksums: bool, values: bool, scanned: in
     return Checked(checksums, values, tensors_scanned=scanned, **dataclasses.asdict(counts))
 
 
-def _folder_signs(
-    path: str | os.PathLike, storage_options: Mapping[str, Any] | None
-) -> list[Sign]:
+def _folder_signs(path: str | os.PathLike, storage_options: Mapping[str, Any] | None) -> list[Sign]:
     """Signs of an unfinished save in the folder ``path`` (none for a file)."""
     storage, name = open_location(path, storage_options)
     if name:
@@ -223,13 +227,32 @@ def _leftovers(ck: Checkpoint) -> list[Problem]:
 
 
 def _progress(
-    ck: Checkpoint, show: bool
+    ck: Checkpoint,
+    show: bool,
+    on_progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
 ) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
-    """A byte counter for the checksum pass (a tqdm bar over the source files' size)."""
-    if not show:
+    """A byte counter for the checksum pass: a tqdm bar over the source files' size when
+    ``show``, and ``on_progress`` / ``cancel`` (told of and checked at each record)."""
+    if not show and on_progress is None and cancel is None:
         return None, lambda: None
+    total = _source_bytes(ck)
+    counter = Counter(total, on_progress, cancel)
+    if not show:
+        return counter.step, lambda: None
     from tqdm.auto import tqdm
 
+    bar = tqdm(total=total, desc="checksums", unit="B", unit_scale=True)
+
+    def advance(n: int) -> None:
+        counter.step(n)
+        bar.update(n)
+
+    return advance, bar.close
+
+
+def _source_bytes(ck: Checkpoint) -> int:
+    """The size of the checkpoint's files (those that are there)."""
     storage = ck.source.storage
     total = 0
     for name in ck.source_files:
@@ -237,8 +260,7 @@ def _progress(
             total += storage.size(name)
         except InspectorError:
             continue
-    bar = tqdm(total=total, desc="checksums", unit="B", unit_scale=True)
-    return bar.update, bar.close
+    return total
 
 
 def _unreadable(ck: Checkpoint, found: list[Problem]) -> list[Problem]:

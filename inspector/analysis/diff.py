@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from inspector.analysis.fingerprint import tensor_digest
+from inspector.analysis.stats import layer_index, layer_name, plot_by_layer
 from inspector.checkpoint import as_checkpoint
 from inspector.errors import UnsupportedError
 from inspector.formats.base import bytes_view
@@ -37,6 +38,7 @@ from inspector.tensors import broadcast
 
 if TYPE_CHECKING:
     import pandas
+    from matplotlib.figure import Figure
 
     from inspector.checkpoint import Checkpoint
 
@@ -350,3 +352,29 @@ def summarize(table: pandas.DataFrame) -> dict[str, int]:
     """Rows per status, in the canonical order (zero counts included)."""
     counts = table["status"].value_counts()
     return {status: int(counts.get(status, 0)) for status in STATUSES}
+
+
+def layer_differences(table: pandas.DataFrame) -> pandas.DataFrame:
+    """The compared tensors inside the layers: ``layer``, ``name`` (the key with its layer
+    index as ``*``), ``key`` and ``max_abs_diff`` (0 for bit-equal pairs), from a diff table
+    whose values were compared."""
+    import pandas
+
+    rows = []
+    for key, kind, diff_value in zip(
+        table["key"], table["kind"], table["max_abs_diff"], strict=True
+    ):
+        index = layer_index(key)
+        if kind != "tensor" or index is None or diff_value is None or math.isnan(diff_value):
+            continue
+        rows.append(
+            {"layer": index, "name": layer_name(key), "key": key, "max_abs_diff": diff_value}
+        )
+    return pandas.DataFrame(rows, columns=["layer", "name", "key", "max_abs_diff"])
+
+
+def plot_layer_differences(table: pandas.DataFrame, *, ax: Any = None) -> Figure:
+    """One line per parameter name: the largest difference against the layer index."""
+    figure = plot_by_layer(layer_differences(table), "max_abs_diff", "max |a - b|", ax=ax)
+    (ax if ax is not None else figure.axes[0]).set_title("largest difference per layer")
+    return figure

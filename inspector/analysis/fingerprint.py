@@ -112,10 +112,29 @@ def fingerprint(
     ):
         dtype, digest = hasher.tensor(ck, entry)
         prints.append(TensorPrint(name, entry.key, dtype, entry.shape or (), digest))
+    whole = _whole((p.name, p.digest) for p in prints)
+    return Fingerprint(ck.location, whole, tuple(prints), duplicates)
+
+
+def model_digest(ck: Checkpoint, digests: Mapping[str, str]) -> str:
+    """``fingerprint(ck).digest`` from tensor digests already computed (stored key -> hex
+    digest, e.g. a diff's with ``fingerprints=True``); model tensors missing from
+    ``digests`` are hashed now."""
+    chosen, _ = _select(ck.entries(), None)
+    hasher = _Hasher()
+    pairs = []
+    for name, entry in sorted(chosen.items()):
+        digest = digests.get(entry.key)
+        pairs.append((name, digest if digest is not None else hasher.tensor(ck, entry)[1]))
+    return _whole(pairs)
+
+
+def _whole(pairs: Iterable[tuple[str, str]]) -> str:
+    """The checkpoint digest over (canonical name, tensor digest) pairs in name order."""
     whole = _new()
-    for p in prints:
-        whole.update(p.name.encode() + b"\0" + bytes.fromhex(p.digest))
-    return Fingerprint(ck.location, whole.hexdigest(DIGEST_BYTES), tuple(prints), duplicates)
+    for name, digest in pairs:
+        whole.update(name.encode() + b"\0" + bytes.fromhex(digest))
+    return whole.hexdigest(DIGEST_BYTES)
 
 
 def tensor_digest(ck: Checkpoint, key: str) -> str:

@@ -6,6 +6,8 @@ itself. min / max / mean / std / absmax / L2 norm are over the finite values; Na
 and Inf are counted separately; std uses Bessel's correction, like ``torch.std``.
 A view that repeats its stored values (stride 0, ``expand``) is summarised from the values
 it stores, each counted as often as it is repeated: the same numbers, without expanding it.
+``on_progress(done, total)`` hears of each block (elements) and a set ``cancel`` event
+stops the work between blocks (:mod:`inspector.progress`), for callers in worker threads.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,6 +25,7 @@ import torch
 from inspector import dtypes
 from inspector.checkpoint import Checkpoint, as_checkpoint
 from inspector.errors import UnsupportedError
+from inspector.progress import Counter, ProgressFn
 from inspector.tensors import broadcast
 
 if TYPE_CHECKING:
@@ -91,12 +95,19 @@ class _Moments:
         self.max = max(self.max, float(good.max()))
 
 
-def _weighted_blocks(ck: Checkpoint, key: str) -> Iterator[tuple[torch.Tensor, int]]:
-    """Each stored chunk's values in blocks, with how often each value is repeated."""
+def _weighted_blocks(
+    ck: Checkpoint, key: str, counter: Counter | None = None
+) -> Iterator[tuple[torch.Tensor, int]]:
+    """Each stored chunk's values in blocks, with how often each value is repeated;
+    ``counter`` hears of the elements each block stands for (and checks cancel)."""
+    if counter is not None:
+        counter.step(0)
     for _chunk, part in ck.iter_chunks(key):
         weight = broadcast.repeats(part)
         for block in broadcast.flat_blocks(broadcast.stored(part), BLOCK):
             yield block, weight
+            if counter is not None:
+                counter.step(block.numel() * weight)
 
 
 def supported(dtype: str | None) -> bool:
@@ -104,9 +115,20 @@ def supported(dtype: str | None) -> bool:
     return dtype is not None and dtypes.is_real(dtype)
 
 
-def stats(ck: Checkpoint | str | os.PathLike, key: str) -> TensorStats:
+def stats(
+    ck: Checkpoint | str | os.PathLike,
+    key: str,
+    *,
+    on_progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+) -> TensorStats:
     """Statistics of one tensor, reading it chunk by chunk."""
     ck = as_checkpoint(ck)
+    entry = ck.entry(key)
+    return _stats(ck, key, Counter(entry.numel, on_progress, cancel))
+
+
+def _stats(ck: Checkpoint, key: str, counter: Counter) -> TensorStats:
     entry = ck.entry(key)
     if entry.kind == "tensor" and not supported(entry.dtype):
         raise UnsupportedError(
@@ -115,7 +137,7 @@ def stats(ck: Checkpoint | str | os.PathLike, key: str) -> TensorStats:
             key=key,
         )
     acc = _Moments()
-    for block, weight in _weighted_blocks(ck, key):
+    for block, weight in _weighted_blocks(ck, key, counter):
         acc.add(block, weight)
     nan = math.nan
     has = acc.n > 0
@@ -192,14 +214,19 @@ def histogram(
     key: str,
     bins: int = 64,
     range: tuple[float, float] | None = None,
+    *,
+    on_progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
 ) -> Histogram:
     """Histogram of a tensor's finite values, two streaming passes (range, then counts;
     give ``range``, e.g. a TensorStats' min and max, to spare the first)."""
     ck = as_checkpoint(ck)
     if bins < 1:
         raise UnsupportedError("bins must be >= 1", key=key)
+    numel = ck.entry(key).numel
+    counter = Counter(numel * (2 if range is None else 1), on_progress, cancel)
     if range is None:
-        summary = stats(ck, key)
+        summary = _stats(ck, key, counter)
         range = (summary.min, summary.max)
     low, high = range
     if not (math.isfinite(low) and math.isfinite(high)):
@@ -208,7 +235,7 @@ def histogram(
         high = low + 1.0
     counts = torch.zeros(bins, dtype=torch.int64)
     nan = inf = 0
-    for block, weight in _weighted_blocks(ck, key):
+    for block, weight in _weighted_blocks(ck, key, counter):
         values = block.to(torch.float64)
         nan += weight * int(torch.isnan(values).sum())
         inf += weight * int(torch.isinf(values).sum())
@@ -225,20 +252,46 @@ def layer_index(key: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def layer_name(key: str) -> str | None:
+    """The key with its block index as ``*`` (``layers.*.attention.wq.weight``): the same
+    parameter in every layer has the same name; None for keys outside the layers."""
+    if _LAYER.search(key) is None:
+        return None
+    return _LAYER.sub(lambda m: m.group(0).replace(m.group(1), "*"), key, count=1)
+
+
+def same_parameter(ck: Checkpoint, key: str) -> list[str]:
+    """The keys of ``key``'s parameter in every layer (itself included), in layer order;
+    empty when the key is outside the layers."""
+    name = layer_name(key)
+    if name is None:
+        return []
+    found = [k for k in _matching(ck, None) if layer_name(k) == name]
+    return sorted(found, key=lambda k: layer_index(k) or 0)
+
+
 def layer_norms(
-    ck: Checkpoint, include: Iterable[str] | None = None, *, progress: bool = True
+    ck: Checkpoint,
+    include: Iterable[str] | None = None,
+    *,
+    keys: Iterable[str] | None = None,
+    progress: bool = True,
+    on_progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
 ) -> pandas.DataFrame:
-    """L2 norm per (layer index, parameter name within the layer), for per-layer plots."""
+    """L2 norm per (layer index, parameter name within the layer), for per-layer plots:
+    of the tensors matching the ``include`` globs, or exactly ``keys``."""
     import pandas
     from tqdm.auto import tqdm
 
+    chosen = list(keys) if keys is not None else _matching(ck, include)
+    layered = [(k, layer_index(k)) for k in chosen]
+    layered = [(k, i) for k, i in layered if i is not None]
+    counter = Counter(sum(ck.entry(k).numel for k, _ in layered), on_progress, cancel)
     rows = []
-    for key in tqdm(_matching(ck, include), desc="norms", disable=not progress):
-        index = layer_index(key)
-        if index is None:
-            continue
-        name = _LAYER.sub(lambda m: m.group(0).replace(m.group(1), "*"), key, count=1)
-        rows.append({"layer": index, "name": name, "key": key, "l2": stats(ck, key).l2})
+    for key, index in tqdm(layered, desc="norms", disable=not progress):
+        l2 = _stats(ck, key, counter).l2
+        rows.append({"layer": index, "name": layer_name(key), "key": key, "l2": l2})
     return pandas.DataFrame(rows, columns=["layer", "name", "key", "l2"])
 
 
@@ -246,13 +299,18 @@ def plot_layer_norms(
     ck: Checkpoint, include: Iterable[str] | None = None, *, ax: Any = None
 ) -> Figure:
     """One line per parameter name: L2 norm against the layer index parsed from the key."""
-    table = layer_norms(ck, include, progress=False)
+    return plot_by_layer(layer_norms(ck, include, progress=False), "l2", "L2 norm", ax=ax)
+
+
+def plot_by_layer(table: pandas.DataFrame, value: str, label: str, *, ax: Any = None) -> Figure:
+    """One line per ``name`` of a table with ``layer``, ``name`` and ``value`` columns."""
     fig, ax = _axes(ax)
     for name, group in table.groupby("name", sort=True):
         group = group.sort_values("layer")
-        ax.plot(group["layer"], group["l2"], marker="o", label=name)
+        ax.plot(group["layer"], group[value], marker="o", label=name)
     ax.set_xlabel("layer")
-    ax.set_ylabel("L2 norm")
+    ax.set_ylabel(label)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # layers are whole numbers
     if len(table):
         ax.legend(fontsize="small")
     return fig

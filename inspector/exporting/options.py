@@ -2,6 +2,7 @@
 
 :class:`ExportOptions` turns them into :func:`inspector.export` arguments, including a
 key rename taken from the FQN doctor's best rewrite (:meth:`ExportOptions.use_rewrite`).
+``workers`` above 1 is passed on as ``export(workers=n)``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class ExportOptions:
     ``model.pt`` inside it; hf: the model folder) or a file name with the format's suffix.
     ``arch`` and ``hf_assets`` are for the hf format, which writes the whole model under
     its HF names (``model_only``, ``flatten`` and ``rename`` do not apply to it).
+    ``target_options``: fsspec options for a URL ``out`` (default: the checkpoint's own).
     """
 
     out: str
@@ -59,6 +61,9 @@ class ExportOptions:
     rename_source: str | None = None
     arch: str = "auto"
     hf_assets: str | None = None
+    hf_config: str | None = None
+    workers: int = 1
+    target_options: dict[str, Any] | None = None
 
     def target(self) -> Path | str:
         """What the exporter is handed: a .pt file for pt, the folder (or file) otherwise;
@@ -89,21 +94,38 @@ class ExportOptions:
             "max_shard_size": self.max_shard_size,
             "overwrite": self.overwrite,
             "verify": self.verify,
-        }
+        } | self._workers()
         if self.format == "hf":
-            return common | {"arch": self.arch, "hf_assets": (self.hf_assets or "").strip() or None}
+            return common | {
+                "arch": self.arch,
+                "hf_assets": (self.hf_assets or "").strip() or None,
+                "hf_config": (self.hf_config or "").strip() or None,
+            }
         return common | {
             "model_only": self.model_only,
             "flatten": self.flatten,
             "rename": self.rename,
         }
 
+    def _workers(self) -> dict[str, int]:
+        """``{"workers": n}`` for more than one worker; nothing for one (the default)."""
+        if self.workers < 1:
+            raise InspectorError(f"workers must be at least 1, not {self.workers}")
+        return {"workers": self.workers} if self.workers > 1 else {}
+
     def run(
         self, ck: Checkpoint, on_progress: Callable[[Progress], None] | None = None
     ) -> ExportResult:
         """Export ``ck`` with these settings (no progress bar; ``on_progress`` is called)."""
         arguments = self.arguments()
-        return export(ck, self.target(), **arguments, progress=False, on_progress=on_progress)
+        return export(
+            ck,
+            self.target(),
+            **arguments,
+            progress=False,
+            on_progress=on_progress,
+            target_options=self.target_options,
+        )
 
     def use_rewrite(self, ck: Checkpoint, report: KeyReport) -> None:
         """Rename model keys as the report's best rewrite does (see :func:`rewrite_rename`)."""
@@ -136,3 +158,19 @@ def rewrite_rename(ck: Checkpoint, report: KeyReport) -> dict[str, str]:
             f"the FQN check was about {report.checkpoint}, not this checkpoint", file=ck.location
         )
     return renamed
+
+
+def arch_auto(ck: Checkpoint, fp8: str = "dequantize") -> tuple[bool, str]:
+    """What ``arch="auto"`` decides for an hf export of ``ck`` and why, or (False, why no
+    architecture is decided): the exporter's own detection, before anything is written."""
+    from inspector.exporting import hf
+    from inspector.exporting.model_weights import ADAPTED_FP8_MODES, ModelWeights
+
+    mode = fp8 if fp8 in ADAPTED_FP8_MODES else ADAPTED_FP8_MODES[0]
+    try:
+        found = hf.detect(ModelWeights(ck, mode, None).metas())
+    except InspectorError as exc:
+        return False, exc.reason
+    if found.naming == "hf":
+        return False, f"these keys already have HF names ({found.reason})"
+    return True, found.reason

@@ -157,8 +157,13 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.json:
         rows = json.loads(table.to_json(orient="records"))
         json.dump(
-            {"a": _shown(args.a), "b": _shown(args.b), "equal": equal, "summary": summary,
-             "rows": rows},
+            {
+                "a": _shown(args.a),
+                "b": _shown(args.b),
+                "equal": equal,
+                "summary": summary,
+                "rows": rows,
+            },
             sys.stdout,
             indent=1,
         )
@@ -357,8 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     remote = argparse.ArgumentParser(add_help=False)
-    _options_argument(remote, "--storage-option", "storage_options", "s3://, gs://, hf://, "
-                      "http(s):// checkpoints")
+    _options_argument(
+        remote, "--storage-option", "storage_options", "s3://, gs://, hf://, http(s):// checkpoints"
+    )
     ls = sub.add_parser("ls", help="list keys with dtype, shape, chunks and size", parents=[remote])
     ls.add_argument("path")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
@@ -468,8 +474,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="safetensors: a folder (or *.safetensors); pt: the file; hf, dcp: a folder; "
         "or an s3://, gs://, hf:// URL",
     )
-    _options_argument(exp, "--target-option", "target_options",
-                      "a URL output (default: the --storage-option ones)")
+    _options_argument(
+        exp,
+        "--target-option",
+        "target_options",
+        "a URL output (default: the --storage-option ones)",
+    )
     exp.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0])
     exp.add_argument("--arch", help="hf, dcp: auto (default) or " + ", ".join(ARCHITECTURE_NAMES))
     exp.add_argument("--hf-assets", metavar="DIR", help="hf: tokenizer, config.json, ... to copy")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -472,3 +473,23 @@ def test_audit_and_fingerprint_need_no_torch(demo_dir: Path) -> None:
     result = run_python(code, str(demo_dir / "flat"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[-1] == "false"
+
+
+def test_checksum_progress_in_bytes_and_cancel(demo_dir: Path) -> None:
+    from inspector.progress import Cancelled
+
+    ck = inspector.open(demo_dir / "flat")
+    total = sum((demo_dir / "flat" / name).stat().st_size for name in ck.source_files)
+    seen: list[tuple[int, int]] = []
+    report = inspector.audit(ck, on_progress=lambda done, of: seen.append((done, of)))
+    assert report.ok and {of for _, of in seen} == {total}
+    assert seen[-1][0] == report.checked.bytes_checksummed
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    cancel = threading.Event()
+
+    def stop_halfway(done: int, of: int) -> None:
+        if done > of // 2:
+            cancel.set()
+
+    with pytest.raises(Cancelled):
+        inspector.audit(ck, on_progress=stop_halfway, cancel=cancel)

@@ -146,3 +146,25 @@ def test_cli_diff_across_layouts(demo_dir: Path) -> None:
     done = cli("diff", str(demo_dir / "prefixed"), str(demo_dir / "flat"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("347 keys: 347 same")
+
+
+def test_largest_difference_per_layer(demo_dir: Path, tmp_path: Path) -> None:
+    def bump(state: dict) -> None:
+        state["layers.1.feed_forward.w2.weight"][5, 7] += 0.25
+
+    changed = resave(demo_dir / "flat", tmp_path / "changed", bump)
+    table = inspector.diff(
+        demo_dir / "prefixed", changed, include=["model.layers.*"], progress=False
+    )
+    per_layer = compare.layer_differences(table)
+    assert len(per_layer) == 18  # 9 weights in each of the 2 layers, nothing outside them
+    moved = per_layer[per_layer.max_abs_diff > 0]
+    assert moved.key.tolist() == ["model.layers.1.feed_forward.w2.weight"]
+    row = moved.iloc[0]
+    assert row["layer"] == 1 and row["name"] == "model.layers.*.feed_forward.w2.weight"
+    assert row["max_abs_diff"] == pytest.approx(0.25, rel=1e-2)
+    figure = compare.plot_layer_differences(table)
+    lines = {line.get_label(): list(line.get_ydata()) for line in figure.axes[0].get_lines()}
+    assert len(lines) == 9 and lines["model.layers.*.feed_forward.w2.weight"][0] == 0.0
+    assert lines["model.layers.*.feed_forward.w2.weight"][1] == pytest.approx(0.25, rel=1e-2)
+    assert figure.axes[0].get_title() == "largest difference per layer"

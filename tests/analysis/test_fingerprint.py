@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 import inspector
-from inspector.analysis.fingerprint import ALGORITHM, tensor_digest
+from inspector.analysis.fingerprint import ALGORITHM, model_digest, tensor_digest
 from inspector.demo.gloo import run_ranks
 
 WQ = "layers.0.attention.wq.weight"
@@ -214,3 +214,22 @@ def test_diff_skips_equal_fingerprints(demo_dir: Path, resave: Callable[..., Pat
     assert len(same) == 20 + 63 + 2  # weights, optimizer tensors, train_state
     assert (same.hash_a == same.hash_b).all()
     assert row.hash_b == tensor_digest(inspector.open(changed), WQ)
+
+
+def test_model_digest_from_a_diffs_tensor_digests(
+    demo_dir: Path, resave: Callable[..., Path]
+) -> None:
+    def nudge(state: dict[str, Any]) -> None:
+        state[WQ][1, 2] += 0.5
+
+    changed = inspector.open(resave("nudged-twice", nudge))
+    a = inspector.open(demo_dir / "prefixed")
+    table = inspector.diff(a, changed, fingerprints=True, progress=False)
+    tensors = table[table.kind == "tensor"]
+    digests_a = dict(zip(tensors.key, tensors.hash_a, strict=True))
+    digests_b = dict(zip(tensors.key_b, tensors.hash_b, strict=True))
+    read = a.io.bytes
+    assert model_digest(a, digests_a) == inspector.fingerprint(demo_dir / "prefixed").digest
+    assert a.io.bytes == read  # every model tensor's digest was given: nothing read
+    assert model_digest(changed, digests_b) == inspector.fingerprint(changed).digest
+    assert model_digest(a, {}) == inspector.fingerprint(a).digest != model_digest(changed, {})

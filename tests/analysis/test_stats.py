@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,56 @@ def test_layer_index() -> None:
     assert stats.layer_index("model.layers.12.attention.wq.weight") == 12
     assert stats.layer_index("optimizer.state.layers.3.w.exp_avg") == 3
     assert stats.layer_index("tok_embeddings.weight") is None
+
+
+def test_progress_counts_every_element_block_by_block(demo_dir: Path) -> None:
+    ck = inspector.open(demo_dir / "fp8")
+    key = "layers.0.attention.wq.weight"  # two FSDP chunks, one per rank
+    seen: list[tuple[int, int]] = []
+    found = stats.stats(ck, key, on_progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(0, 4096), (2048, 4096), (4096, 4096)]
+    assert found == ck.stats(key)
+    seen.clear()
+    counts = stats.histogram(ck, key, 8, on_progress=lambda d, t: seen.append((d, t)))
+    assert [d for d, _ in seen] == [0, 2048, 4096, 4096, 6144, 8192] and seen[-1][1] == 8192
+    assert int(counts.counts.sum()) == 4096
+
+
+def test_cancel_stops_between_blocks_and_is_not_damage(demo_dir: Path) -> None:
+    from inspector.progress import Cancelled
+
+    ck = inspector.open(demo_dir / "fp8")
+    key = "layers.0.attention.wq.weight"
+    cancel = threading.Event()
+    cancel.set()
+    before = ck.io.bytes
+    with pytest.raises(Cancelled):
+        stats.stats(ck, key, cancel=cancel)
+    assert ck.io.bytes == before  # stopped before the first read
+    cancel.clear()
+
+    def stop_after_first(done: int, total: int) -> None:
+        if done:
+            cancel.set()
+
+    with pytest.raises(Cancelled):
+        stats.histogram(ck, key, 8, on_progress=stop_after_first, cancel=cancel)
+    assert ck.facts(key).error is None and ck.stats(key).numel == 4096
+
+
+def test_same_parameter_in_every_layer(numbers_dir: Path, demo_dir: Path) -> None:
+    ck = inspector.open(numbers_dir)
+    assert stats.layer_name("layers.12.attention.wq.weight") == "layers.*.attention.wq.weight"
+    assert stats.layer_name("fp32") is None and stats.same_parameter(ck, "fp32") == []
+    peers = stats.same_parameter(ck, "layers.1.attention.wq.weight")
+    assert peers == ["layers.0.attention.wq.weight", "layers.1.attention.wq.weight"]
+    seen: list[int] = []
+    norms = stats.layer_norms(
+        ck, keys=peers, progress=False, on_progress=lambda d, t: seen.append(d)
+    )
+    assert list(norms["l2"]) == pytest.approx([8.0, 12.0]) and seen[-1] == 32
+    demo = inspector.open(demo_dir / "flat")
+    assert stats.same_parameter(demo, "layers.0.feed_forward.w1.weight") == [
+        "layers.0.feed_forward.w1.weight",
+        "layers.1.feed_forward.w1.weight",
+    ]

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 import inspector
 from inspector.demo.model import build_model
 from inspector.errors import InspectorError
+from inspector.exporting import options as options_module
 from inspector.exporting.options import ExportOptions, default_out, rewrite_rename
 
 MODEL_KEYS = list(build_model().state_dict())
@@ -98,5 +99,42 @@ def test_hf_folder_arguments() -> None:
         "verify": True,
         "arch": "auto",
         "hf_assets": "assets",
+        "hf_config": None,
     }
     assert ExportOptions(out="o", format="hf", hf_assets="").arguments()["hf_assets"] is None
+
+
+def test_workers_above_one_are_passed_on() -> None:
+    assert "workers" not in ExportOptions(out="o").arguments()  # one process: the default
+    assert ExportOptions(out="o", workers=4).arguments()["workers"] == 4
+    with pytest.raises(InspectorError, match="workers must be at least 1"):
+        ExportOptions(out="o", workers=0).arguments()
+
+
+def test_url_targets_stay_urls() -> None:
+    url = ExportOptions(out="s3://bucket/out/")
+    assert url.target() == "s3://bucket/out"
+    assert url.arguments()["format"] == "safetensors"
+    assert ExportOptions(out="s3://b/x", format="pt").target() == "s3://b/x/model.pt"
+
+
+def test_hf_settings_and_arch_auto(demo_dir: Path, tmp_path: Path) -> None:
+    arguments = ExportOptions(
+        out="o", format="hf", arch="llama3", hf_assets=" a/ ", hf_config="c.json"
+    ).arguments()
+    assert (arguments["arch"], arguments["hf_assets"], arguments["hf_config"]) == (
+        "llama3",
+        "a/",
+        "c.json",
+    )
+    assert ExportOptions(out="o", format="hf").arguments()["hf_config"] is None
+    ok, why = options_module.arch_auto(inspector.open(demo_dir / "llama_hf" / "checkpoint"))
+    assert ok and why.startswith("llama3: all 21 model weights match its rules in torchtitan 0.3")
+    ok, why = options_module.arch_auto(inspector.open(demo_dir / "fp8"), "unwrap")
+    assert ok and why.startswith("llama3: all 21 model weights") and "July-2025 names" in why
+    llama = demo_dir / "llama_hf"
+    inspector.export(
+        llama / "checkpoint", tmp_path / "hf", "hf", hf_assets=llama / "assets", progress=False
+    )
+    ok, why = options_module.arch_auto(inspector.open(tmp_path / "hf"))
+    assert not ok and why.startswith("these keys already have HF names (llama3: all 21")

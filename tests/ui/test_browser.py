@@ -1,8 +1,9 @@
 """The app in a real browser: JupyterLab runs inspect.ipynb in headless Chromium, a user clicks.
 
 Skipped when chromium or playwright is missing, except in CI (``CI=true``), where that
-fails. Every test saves a screenshot under the session's ``browser-shots`` folder and
-names it (and the server log) when it fails.
+fails. Every test saves a screenshot under its own tmp folder and names it (and the server
+log) when it fails; the Stats test's picture of the whole app, under the module's
+``browser-shots`` folder, is the one in docs/inspector.png.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ FP8_WEIGHT = "layers.0.attention.wq.weight"
 KERNEL_TIMEOUT = 90_000
 UI_TIMEOUT = 30_000
 VIEWPORT = {"width": 1280, "height": 1600}
+TALL = {"width": 1280, "height": 2100}
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +150,8 @@ def select_key(page, key: str) -> None:
     until(lambda: key in page.locator(".inspector-tensor").inner_text(), f"details of {key}")
 
 
-def test_view_toggle_respells_keys(page, lab: Lab, shots: Path) -> None:
-    with screenshot(page, shots / "01-views.png", lab):
+def test_view_toggle_respells_keys(page, lab: Lab, tmp_path: Path) -> None:
+    with screenshot(page, tmp_path / "views.png", lab):
         page.locator(".inspector-filter input").fill("")
         page.locator(".inspector-filter input").press("Enter")
         page.locator(".inspector-view button", has_text="stored").click()
@@ -168,8 +170,8 @@ def test_view_toggle_respells_keys(page, lab: Lab, shots: Path) -> None:
         until(lambda: "layers" in top_level(page), "flattened view: layers at top level")
 
 
-def test_fp8_weight_shows_its_subclass(page, lab: Lab, shots: Path) -> None:
-    with screenshot(page, shots / "02-fp8-weight.png", lab):
+def test_fp8_weight_shows_its_subclass(page, lab: Lab, tmp_path: Path) -> None:
+    with screenshot(page, tmp_path / "fp8-weight.png", lab):
         select_key(page, FP8_WEIGHT)
         details = page.locator(".inspector-tensor").inner_text()
         assert "WeightWithDynamicFloat8CastTensor" in details
@@ -177,9 +179,11 @@ def test_fp8_weight_shows_its_subclass(page, lab: Lab, shots: Path) -> None:
         assert "64x64" in details and "__0_0.distcp" in details and "__1_0.distcp" in details
 
 
-def test_stats_shows_numbers_and_histogram(page, lab: Lab, shots: Path, demo_dir: Path) -> None:
+def test_stats_shows_numbers_and_histogram(
+    page, lab: Lab, shots: Path, tmp_path: Path, demo_dir: Path
+) -> None:
     expected = inspector.open(demo_dir / "fp8").stats(FP8_WEIGHT)
-    with screenshot(page, shots / "03-stats.png", lab):
+    with screenshot(page, tmp_path / "stats.png", lab):
         select_key(page, FP8_WEIGHT)
         page.locator(".inspector-app button", has_text="Stats").click()
         stats = page.locator(".inspector-stats")
@@ -188,17 +192,22 @@ def test_stats_shows_numbers_and_histogram(page, lab: Lab, shots: Path, demo_dir
         for name in ("min", "max", "mean", "std"):
             assert shown[name] == f"{getattr(expected, name):.6g}", name
         assert shown["nan"] == shown["inf"] == "0"
-        image = page.locator(".inspector-histogram")
-        until(lambda: image.evaluate("img => img.naturalWidth") > 0, "the histogram picture")
+        for picture in ("histogram", "norms"):
+            image = page.locator(f".inspector-{picture}")
+            until(lambda i=image: i.evaluate("img => img.naturalWidth") > 0, f"the {picture}")
+    page.set_viewport_size(TALL)  # the whole app, plots included, for docs/inspector.png
+    try:
         page.locator(".inspector-app").evaluate("app => app.scrollIntoView()")
-    page.screenshot(path=shots / "inspector.png")
+        page.screenshot(path=shots / "inspector.png")
+    finally:
+        page.set_viewport_size(VIEWPORT)
 
 
 def test_export_writes_verified_safetensors(
-    page, lab: Lab, shots: Path, demo_dir: Path, tmp_path: Path
+    page, lab: Lab, demo_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "exported"
-    with screenshot(page, shots / "04-export.png", lab):
+    with screenshot(page, tmp_path / "export.png", lab):
         page.locator(".inspector-tabs .lm-TabBar-tab", has_text="Export").click()
         page.locator(".inspector-export-out input").fill(str(out))
         page.locator(".inspector-export-out input").press("Enter")
@@ -212,3 +221,77 @@ def test_export_writes_verified_safetensors(
     for key, value in tensors.items():
         assert torch.equal(value, ck.read(key)), key
     assert inspector.open(out).format == "safetensors"
+
+
+def open_in_app(page, path: Path) -> None:
+    """Type ``path`` into the app's path box and press Open; wait for its tree."""
+    box = page.locator(".inspector-path input")
+    box.fill(str(path))
+    box.press("Enter")
+    page.locator(".inspector-open").click()
+    until(lambda: str(path) in page.locator(".inspector-where").inner_text(), f"{path} open")
+    page.wait_for_selector(".inspector-tree option")
+
+
+def tab(page, title: str) -> None:
+    page.locator(".inspector-tabs .lm-TabBar-tab", has_text=title).click()
+
+
+def test_fp8_finding_converts_and_exports(
+    page, lab: Lab, demo_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "converted"
+    with screenshot(page, tmp_path / "fp8-finding.png", lab):
+        open_in_app(page, demo_dir / "fp8")
+        found = page.locator(".inspector-findings")
+        until(
+            lambda: "14 WeightWithDynamicFloat8CastTensor" in found.inner_text(),
+            "the FP8 finding in the header",
+        )
+        assert "dcp_to_torch_save" in found.inner_text()
+        page.locator(".inspector-convert-fp8").click()
+        preset = page.locator(".inspector-export-preset")
+        until(lambda: "FP8: unwrap" in preset.inner_text(), "the export preset to unwrap")
+        page.locator(".inspector-export-out input").fill(str(out))
+        page.locator(".inspector-export-out input").press("Enter")
+        page.locator(".inspector-export").click()
+        result = page.locator(".inspector-export-result")
+        until(lambda: "verified" in result.inner_text(), "a verified export")
+        assert "verified 21 tensors bit-exact" in result.inner_text()
+    ck = inspector.open(demo_dir / "fp8")
+    tensors = load_file(out / "model.safetensors")
+    assert sorted(tensors) == sorted(build_model().state_dict())
+    for key, value in tensors.items():
+        assert type(value) is torch.Tensor and torch.equal(value, ck.read(key)), key
+
+
+def test_compare_with_the_prefixed_demo(page, lab: Lab, demo_dir: Path, tmp_path: Path) -> None:
+    model_keys = sorted(build_model().state_dict())
+    with screenshot(page, tmp_path / "compare.png", lab):
+        open_in_app(page, demo_dir / "flat")  # the FP8 demo is another run: other values
+        tab(page, "Compare")
+        page.locator(".inspector-compare-with input").fill(str(demo_dir / "prefixed"))
+        page.locator(".inspector-compare-with input").press("Enter")
+        page.locator(".inspector-compare").click()
+        result = page.locator(".inspector-compare-result")
+        until(lambda: "compared model keys" in result.inner_text(), "the comparison")
+        assert "all 21 compared model keys are the same" in result.inner_text()
+        assert "fingerprints equal" in result.inner_text()
+        statuses = {}
+        for row in result.locator("tr:has(td)").all():
+            cells = row.locator("td").all_inner_texts()
+            statuses[cells[1]] = cells[0]
+        assert sorted(statuses) == model_keys and set(statuses.values()) == {"same"}
+        plot = page.locator(".inspector-compare-plot")
+        until(lambda: plot.evaluate("img => img.naturalWidth") > 0, "the per-layer plot")
+
+
+def test_audit_tab_names_the_damaged_key(page, lab: Lab, flipped: Path, tmp_path: Path) -> None:
+    with screenshot(page, tmp_path / "audit.png", lab):
+        open_in_app(page, flipped)
+        tab(page, "Audit")
+        page.locator(".inspector-audit").click()
+        result = page.locator(".inspector-audit-result")
+        until(lambda: "keys with errors" in result.inner_text(), "the audit's findings")
+        assert f"keys with errors: {FP8_WEIGHT}" in result.inner_text()
+        assert "1 problem (1 error)" in result.inner_text()

@@ -1,4 +1,5 @@
-"""``Inspector``: the whole app in one widget (header, keys and tensor, FQN check, export)."""
+"""``Inspector``: the whole app in one widget (header of findings; keys and tensor, compare,
+audit, FQN check and export tabs)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,23 @@ from typing import Any
 import ipywidgets as w
 
 import inspector
+from inspector.analysis.audit import AuditReport
 from inspector.analysis.fqn import KeyReport
 from inspector.checkpoint import Checkpoint
+from inspector.formats.base import Step
+from inspector.keys.tree import KeyNode
+from inspector.ui.views.findings import Findings
+from inspector.ui.widgets.audit import AuditPanel
+from inspector.ui.widgets.compare import ComparePanel
 from inspector.ui.widgets.doctor import DoctorPanel
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.export import ExportPanel
-from inspector.ui.widgets.header import Header
+from inspector.ui.widgets.header import Header, HeaderActions
 from inspector.ui.widgets.markup import STYLE, note
 from inspector.ui.widgets.tensor import TensorPanel
 from inspector.ui.widgets.tree import TreePanel
 
-TABS = ("Keys", "FQN check", "Export")
+TABS = ("Keys", "Compare", "Audit", "FQN check", "Export")
 
 
 def close_all(widget: w.Widget) -> None:
@@ -36,8 +43,10 @@ class Inspector(w.VBox):
     A path that cannot be opened shows why inside the app; type another and press Open.
     The path box takes local paths and s3://, gs://, hf://, http(s):// URLs, opened with
     ``storage_options`` (fsspec's: endpoint_url, key, secret, token, anon, ...). The panels
-    (``header``, ``tree``, ``tensor``, ``doctor``, ``export``) exist once a
-    checkpoint is open; ``ck`` is the opened :class:`~inspector.checkpoint.Checkpoint`.
+    (``header``, ``tree``, ``tensor``, ``compare``, ``audit``, ``doctor``, ``export``) exist
+    once a checkpoint is open; ``ck`` is the opened :class:`~inspector.checkpoint.Checkpoint`.
+    The header's findings arrive from a worker thread moments after the first view
+    (``app.header.wait()`` blocks until they are in).
     """
 
     def __init__(
@@ -46,6 +55,7 @@ class Inspector(w.VBox):
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.ck: Checkpoint | None = None
+        self.run_steps: tuple[Step, ...] = ()  # a run root's steps, kept while one is open
         self.storage_options = dict(storage_options or {}) or None
         self.errors = ErrorBox()
         is_ck = isinstance(path_or_ck, Checkpoint)
@@ -58,6 +68,8 @@ class Inspector(w.VBox):
         self.open_button.on_click(
             self.errors.guard("Opening the checkpoint")(lambda _: self.load())
         )
+        self.path.add_class("inspector-path")
+        self.open_button.add_class("inspector-open")
         self.body = w.VBox()
         super().__init__(
             [w.HTML(STYLE), w.HBox([self.path, self.open_button]), self.errors, self.body]
@@ -73,9 +85,21 @@ class Inspector(w.VBox):
 
     def load(self) -> None:
         """Open the checkpoint at the path box's value and show it."""
-        self._replace_body([w.HTML(note(f"opening {self.path.value} ..."))])
+        self.run_steps = ()
+        self._open(self.path.value.strip())
+
+    def open_step(self, step: Step) -> None:
+        """Open another saved step of the run the path box names (the step picker)."""
+        steps = self.run_steps or (self.ck.steps if self.ck is not None else ())
+        self.run_steps = tuple(
+            Step(s.name, s.number, s.location, s.location == step.location) for s in steps
+        )
+        self._open(step.location)
+
+    def _open(self, location: str) -> None:
+        self._replace_body([w.HTML(note(f"opening {location} ..."))])
         try:
-            ck = inspector.open(self.path.value.strip(), self.storage_options)
+            ck = inspector.open(location, self.storage_options)
         except Exception:
             self._replace_body([])
             raise
@@ -95,15 +119,62 @@ class Inspector(w.VBox):
 
     def _show(self, ck: Checkpoint) -> None:
         self.ck = ck
-        self.header = Header(ck)
+        actions = HeaderActions(
+            convert_fp8=self._convert_fp8,
+            apply_fix=self._apply_fix,
+            show_audit=lambda: self._select("Audit"),
+            open_step=self.open_step,
+            found=self._found,
+        )
+        self.header = Header(ck, self.errors, actions, steps=self.run_steps or ck.steps)
         self.tensor = TensorPanel(ck, self.errors)
-        self.tree = TreePanel(ck, self.errors, self.tensor, self.tensor.show)
-        self.export = ExportPanel(ck, self.errors)
+        self.tree = TreePanel(ck, self.errors, self.tensor, self._selected)
+        self.compare = ComparePanel(ck, self.errors, self.storage_options)
+        self.audit = AuditPanel(ck, self.errors, self._audited)
+        self.export = ExportPanel(ck, self.errors, self.storage_options)
         self.doctor = DoctorPanel(ck, self.errors, self._apply_rewrite)
-        self.tabs = w.Tab(children=[self.tree, self.doctor, self.export], titles=TABS)
+        panels = [self.tree, self.compare, self.audit, self.doctor, self.export]
+        self.tabs = w.Tab(children=panels, titles=TABS)
         self.tabs.add_class("inspector-tabs")
+        for finished in (
+            self.tensor.job.finished,
+            self.compare.job.finished,
+            self.audit.job.finished,
+            self.export.finished,
+        ):
+            finished.append(self.header.show_io)  # what was read so far
         self._replace_body([self.header, self.tabs])
+        self.header.start()
+
+    def _selected(self, node: KeyNode) -> None:
+        self.tensor.show(node)
+        self.header.show_io()
+
+    def _select(self, tab: str) -> None:
+        self.tabs.selected_index = TABS.index(tab)
+
+    def _found(self, findings: Findings) -> None:
+        """The header's worker is done: badges in the tree, the quick audit in its tab."""
+        self.tree.flags_found(findings.audit)
+        if findings.audit is not None:
+            self.audit.quick(findings.audit)
+
+    def _audited(self, report: AuditReport) -> None:
+        """The Audit tab's full audit: its verdict in the header, its errors in the tree."""
+        self.header.show_audit(report)
+        self.tree.flags_found(report)
+
+    def _convert_fp8(self, mode: str) -> None:
+        fp8 = self.header.findings.fp8
+        why = f"{fp8.count} FP8 tensors found." if fp8 is not None else ""
+        self.export.preset_fp8(mode, why)
+        self._select("Export")
+
+    def _apply_fix(self, findings: Findings) -> None:
+        report = findings.layout.report
+        if report is not None:
+            self._apply_rewrite(report)
 
     def _apply_rewrite(self, report: KeyReport) -> None:
         self.export.use_rewrite(report)
-        self.tabs.selected_index = TABS.index("Export")
+        self._select("Export")

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import ipywidgets as w
 
 from inspector.analysis.fqn import KeyReport
 from inspector.checkpoint import Checkpoint
 from inspector.exporting.fp8 import FP8_MODE_HELP
-from inspector.exporting.options import ExportOptions, default_out
+from inspector.exporting.hf import ARCHITECTURES
+from inspector.exporting.options import ExportOptions, arch_auto, default_out
 from inspector.exporting.plan import CAST_DTYPES, DEFAULT_SHARD_SIZE
 from inspector.exporting.run import ExportResult, Progress
 from inspector.ui.views.text import human_bytes
@@ -33,8 +36,9 @@ def result_html(result: ExportResult) -> str:
     else:
         verdict = badge("verified", "ok") if check.ok else badge("verification failed", "bad")
     files = [*result.files, *([result.index] if result.index else [])]
-    rows = [(str(p), human_bytes(Path(p).stat().st_size) if isinstance(p, Path) else "")
-            for p in files]
+    rows = [
+        (str(p), human_bytes(Path(p).stat().st_size) if isinstance(p, Path) else "") for p in files
+    ]
     return (
         f"<div>{verdict} {esc(check) if check is not None else ''}</div>"
         + table(("file", "size"), rows)
@@ -46,21 +50,47 @@ def result_html(result: ExportResult) -> str:
 class ExportPanel(w.VBox):
     """Export settings; the export runs in a thread so the notebook stays responsive."""
 
-    def __init__(self, ck: Checkpoint, errors: ErrorBox) -> None:
+    def __init__(
+        self,
+        ck: Checkpoint,
+        errors: ErrorBox,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.ck = ck
         self.errors = errors
         self.options = ExportOptions(out=str(default_out(ck)))
+        self.options.target_options = dict(storage_options) if storage_options else None
         self.thread: threading.Thread | None = None
+        self.finished: list[Callable[[], None]] = []  # run after each export, as JobBar's
         self.result: ExportResult | None = None
-        self.format = w.ToggleButtons(options=FORMATS, description="Format", style=_WIDE)
+        self.format = w.ToggleButtons(
+            options=FORMATS, description="Format", style=_WIDE | {"button_width": "160px"}
+        )
         self.hf_assets = w.Text(
             description="HF assets",
             placeholder="folder with config.json and tokenizer files (optional)",
             layout=w.Layout(width="560px"),
             style=_WIDE,
         )
+        self.hf_config = w.Text(
+            description="HF config",
+            placeholder="config.json to use instead of the assets' (optional)",
+            layout=w.Layout(width="560px"),
+            style=_WIDE,
+        )
+        self.arch = w.Dropdown(
+            options=[("auto (from the key names)", "auto"), *((a, a) for a in ARCHITECTURES)],
+            description="Architecture",
+            layout=w.Layout(width="420px"),
+            style=_WIDE,
+        )
+        self.arch_note = w.HTML()
+        self.arch_note.add_class("inspector-arch")
+        self.workers = w.BoundedIntText(value=1, min=1, max=256, description="Workers", style=_WIDE)
+        self.preset = w.HTML()
+        self.preset.add_class("inspector-export-preset")
         self.dtype = w.Dropdown(
-            options=[("as stored", None), *((d, d) for d in CAST_DTYPES)],
+            options=[("as stored", ""), *((d, d) for d in CAST_DTYPES)],  # None shows blank
             description="dtype",
             style=_WIDE,
         )
@@ -81,7 +111,8 @@ class ExportPanel(w.VBox):
         )
         self.out = w.Text(
             value=self.options.out,
-            description="Output folder",
+            description="Output",
+            placeholder="a folder, a file, or a URL (s3://, gs://, hf://)",
             layout=w.Layout(width="560px"),
             style=_WIDE,
         )
@@ -98,17 +129,24 @@ class ExportPanel(w.VBox):
         self.clear_rename_button.on_click(errors.guard("Clearing the rename")(self._clear_rename))
         self.export_button.on_click(errors.guard("Starting the export")(lambda _: self.start()))
         self.format.observe(lambda _: self._show_format_fields(), names="value")
+        self.arch.observe(lambda _: self._show_format_fields(), names="value")
+        self._arch_auto: tuple[bool, str] | None = None
         self._show_rename()
         self._show_format_fields()
         super().__init__(
             [
+                self.preset,
                 self.format,
+                self.arch,
+                self.arch_note,
                 self.hf_assets,
+                self.hf_config,
                 self.dtype,
                 self.fp8,
                 self.flatten,
                 self.model_only,
                 self.max_shard_size,
+                self.workers,
                 self.out,
                 self.overwrite,
                 w.HBox([self.rename, self.clear_rename_button]),
@@ -124,6 +162,17 @@ class ExportPanel(w.VBox):
         self.options.use_rewrite(self.ck, report)
         self._show_rename()
 
+    def preset_fp8(self, mode: str, why: str) -> None:
+        """Plain safetensors of the model with ``mode`` FP8 handling (the header's finding)."""
+        self.format.value = "safetensors"
+        self.fp8.value = mode
+        self.model_only.value = True
+        self.preset.value = (
+            f'<div style="margin-bottom:6px">{badge("preset", "info")} {esc(why)} '
+            f"FP8: <b>{esc(mode)}</b> ({esc(FP8_MODE_HELP[mode])}). Choose the output and "
+            "press Export.</div>"
+        )
+
     def _clear_rename(self, _button: object) -> None:
         self.options.clear_rename()
         self._show_rename()
@@ -137,21 +186,31 @@ class ExportPanel(w.VBox):
     def _show_format_fields(self) -> None:
         """The assets folder for an HF folder; the key options only where they apply."""
         hf = self.format.value == "hf"
-        self.hf_assets.layout.display = "" if hf else "none"
+        for field in (self.hf_assets, self.hf_config, self.arch, self.arch_note):
+            field.layout.display = "" if hf else "none"
         for field in (self.flatten, self.model_only):
             field.layout.display = "none" if hf else ""
+        if hf and self.arch.value == "auto":
+            if self._arch_auto is None:
+                self._arch_auto = arch_auto(self.ck, self.fp8.value)
+            ok, why = self._arch_auto
+            verdict = badge("arch auto", "ok") if ok else badge("no arch", "bad")
+            self.arch_note.value = f'<div class="inspector-note">{verdict} {esc(why)}</div>'
+        else:
+            self.arch_note.value = ""
 
     def _read_form(self) -> ExportOptions:
         options = self.options
         options.format, options.dtype, options.fp8 = (
             self.format.value,
-            self.dtype.value,
+            self.dtype.value or None,
             self.fp8.value,
         )
         options.model_only, options.flatten = self.model_only.value, self.flatten.value
         options.max_shard_size, options.out = self.max_shard_size.value, self.out.value
         options.overwrite = self.overwrite.value
-        options.hf_assets = self.hf_assets.value
+        options.hf_assets, options.hf_config = self.hf_assets.value, self.hf_config.value
+        options.arch, options.workers = self.arch.value, self.workers.value
         options.arguments()
         return options
 
@@ -189,6 +248,8 @@ class ExportPanel(w.VBox):
             self.outcome.value = result_html(self.result)
         finally:
             self.export_button.disabled = False
+            for callback in self.finished:
+                callback()
 
     def _on_progress(self, step: Progress) -> None:
         now = time.monotonic()

@@ -1,34 +1,21 @@
-"""Tensor: the selected key's dtype, global shape, chunks and subclass facts; Stats on demand."""
+"""Tensor: the selected key's dtype, global shape, chunks and subclass facts; Stats on demand
+in a worker thread (progress bar, Cancel), with its histogram and per-layer norms as images."""
 
 from __future__ import annotations
-
-import io
-import math
 
 import ipywidgets as w
 
 from inspector.checkpoint import Checkpoint
 from inspector.entry import Entry
 from inspector.keys.tree import KeyNode
+from inspector.ui.views.numbers import TensorNumbers, tensor_numbers
 from inspector.ui.views.text import human_bytes, shape_text, value_text
 from inspector.ui.widgets.errors import ErrorBox
+from inspector.ui.widgets.jobs import JobBar
 from inspector.ui.widgets.markup import facts, heading, limited, note, pre, table, totals_table
 
 CHUNKS_SHOWN = 32
 VALUE_CHARS = 4000
-HISTOGRAM_BINS = 64
-STAT_FIELDS = ("min", "max", "mean", "std", "absmax", "l2", "zeros", "nan", "inf")
-
-
-def histogram_png(ck: Checkpoint, key: str, range: tuple[float, float] | None = None) -> bytes:
-    """The histogram figure as PNG bytes (Agg canvas, no pyplot state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    figure = ck.histogram(key, HISTOGRAM_BINS, range).plot()
-    FigureCanvasAgg(figure)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=72)
-    return buffer.getvalue()
 
 
 class TensorPanel(w.VBox):
@@ -42,18 +29,25 @@ class TensorPanel(w.VBox):
         self.value_button = w.Button(description="Value", icon="eye", disabled=True)
         self.stats = w.HTML()
         self.histogram = w.Image(format="png", layout=w.Layout(display="none", width="432px"))
+        self.norms = w.Image(format="png", layout=w.Layout(display="none", width="432px"))
+        self.numbers: TensorNumbers | None = None
+        self.job = JobBar(errors, "Stats")
         self.details.add_class("inspector-tensor")
         self.stats.add_class("inspector-stats")
         self.histogram.add_class("inspector-histogram")
+        self.norms.add_class("inspector-norms")
         self.stats_button.on_click(errors.guard("Stats")(lambda _: self.show_stats()))
         self.value_button.on_click(errors.guard("Reading the value")(lambda _: self.show_value()))
         buttons = w.HBox([self.stats_button, self.value_button])
-        super().__init__([self.details, buttons, self.stats, self.histogram])
+        super().__init__([self.details, buttons, self.job, self.stats, self.histogram, self.norms])
 
     def show(self, node: KeyNode) -> None:
         """An entry's details when the node holds one, else the subtree's totals."""
+        self.job.cancel()
+        self.job.layout.display = "none"
         self.stats.value = ""
-        self.histogram.layout.display = "none"
+        self.numbers = None
+        self.histogram.layout.display = self.norms.layout.display = "none"
         self.entry = node.entry
         if self.entry is None:
             self.stats_button.disabled = self.value_button.disabled = True
@@ -110,17 +104,29 @@ class TensorPanel(w.VBox):
         return "".join(parts)
 
     def show_stats(self) -> None:
-        """Read this one tensor, chunk by chunk: summary numbers and a histogram."""
+        """Read this one tensor block by block in a worker thread: summary numbers, a
+        histogram, and the norm of the same parameter in every layer."""
         if self.entry is None:
             return
         key = self.entry.key
-        found = self.ck.stats(key)
-        rows = [(name, _number(getattr(found, name))) for name in STAT_FIELDS]
-        self.stats.value = heading("statistics") + table(("", "value"), rows)
-        finite = math.isfinite(found.min) and math.isfinite(found.max)
-        span = (found.min, found.max) if finite else None
-        self.histogram.value = histogram_png(self.ck, key, span)
+        self.stats.value = note(f"reading {key} ...")
+        self.job.run(
+            lambda report, cancel: tensor_numbers(self.ck, key, report, cancel), self._shown
+        )
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until Stats has finished (for scripts and tests)."""
+        self.job.wait(timeout)
+
+    def _shown(self, numbers: TensorNumbers) -> None:
+        self.numbers = numbers
+        self.stats.value = heading("statistics") + table(("", "value"), numbers.rows())
+        self.histogram.value = numbers.histogram_png()
         self.histogram.layout.display = ""
+        norms = numbers.norms_png()
+        if norms is not None:
+            self.norms.value = norms
+            self.norms.layout.display = ""
 
     def show_value(self) -> None:
         if self.entry is None:
@@ -144,7 +150,3 @@ def _subtree(node: KeyNode) -> str:
         + totals_table("dtype", node.by_dtype)
         + note(f"Select a key below {node.prefix} for its chunks, subclass and statistics.")
     )
-
-
-def _number(value: float | int) -> str:
-    return f"{value:,}" if isinstance(value, int) else f"{value:.6g}"

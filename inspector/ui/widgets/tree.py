@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import ipywidgets as w
 
+from inspector.analysis.audit import AuditReport
 from inspector.checkpoint import Checkpoint
 from inspector.entry import Entry
 from inspector.errors import MissingKeyError
 from inspector.keys.filters import FILTER_MODES, filter_entries
 from inspector.keys.spellings import VIEWS, view_key
 from inspector.keys.tree import KeyNode, build_tree
+from inspector.ui.views.flags import BADGES, SHOWS, KeyFlags
 from inspector.ui.views.outline import CHILDREN_PAGE, Outline, Row, entry_page
 from inspector.ui.views.text import human_bytes, shape_text
 from inspector.ui.widgets.errors import ErrorBox
@@ -24,18 +27,36 @@ GAP = "\u00a0\u00a0\u00b7\u00a0\u00a0"
 ENTRY_COLUMNS = ("key", "dtype", "shape", "size", "chunks", "subclass", "fp8")
 
 
-def row_label(row: Row, page: int) -> str:
-    """``▸ layers · 18 keys · 1.2 MB``, indented by depth (no-break spaces survive <option>)."""
+def row_label(
+    row: Row,
+    page: int,
+    flags: KeyFlags | None = None,
+    view: str = "stored",
+    within: frozenset[str] | None = None,
+) -> str:
+    """``▸ layers · 18 keys · 1.2 MB  [14 FP8]``, indented by depth (no-break spaces survive
+    <option>); a leaf shows its dtype, shape and badges (``[FP8]``, ``[error]``); an inner
+    row counts its flagged keys (``within``: among the keys a filter kept)."""
     pad = INDENT * row.depth
     if row.kind == "more":
         return f"{pad}\u00a0\u00a0... {row.count:,} more: select to list {min(page, row.count):,}"
     marker = "\u25be" if row.expanded else "\u25b8" if row.expandable else "\u2022"
-    entry = row.entry
-    if entry is not None and not row.expandable:
+    entry = row.entry if not row.expandable else None
+    if entry is not None:
         detail = f"{entry.dtype or entry.kind}{GAP}{shape_text(entry)}"
     else:
         detail = f"{row.count:,} {'key' if row.count == 1 else 'keys'}"
-    return f"{pad}{marker} {row.name}{GAP}{detail}{GAP}{human_bytes(row.nbytes)}"
+    label = f"{pad}{marker} {row.name}{GAP}{detail}{GAP}{human_bytes(row.nbytes)}"
+    if flags is None:
+        return label
+    if entry is not None:
+        marks = flags.badges(entry.key)
+    elif flags.ready:
+        counts = ((flags.count_below(row.prefix, view, b, within), b) for b in BADGES)
+        marks = [f"{n:,} {b}" for n, b in counts if n]
+    else:
+        marks = []
+    return label + "".join(f"\u00a0\u00a0[{m}]" for m in marks)
 
 
 def _holds(root: KeyNode, key: str) -> bool:
@@ -65,8 +86,11 @@ class TreePanel(w.VBox):
         self.ck = ck
         self.on_select = on_select
         self.view = w.ToggleButtons(options=list(VIEWS), value="stored", description="View")
+        self.flags = KeyFlags(ck)
         self.mode = w.Dropdown(options=list(FILTER_MODES), layout=w.Layout(width="110px"))
         self.mode.add_class("inspector-filter-mode")
+        self.show = w.Dropdown(options=list(SHOWS), layout=w.Layout(width="130px"))
+        self.show.add_class("inspector-show")
         self.filter = w.Text(
             placeholder="filter keys, then Enter",
             continuous_update=False,
@@ -88,13 +112,16 @@ class TreePanel(w.VBox):
         ):
             widget.add_class(f"inspector-{name}")
         self.outline: Outline
+        self.kept: frozenset[str] | None = None  # the keys a filter kept (None: all)
         self.selected = ""
         self.page = 0
         self._quiet = False
+        self._lock = threading.RLock()  # the header's worker re-renders the rows too
 
         self.view.observe(errors.guard("Switching the view")(self._refilter), "value")
         self.filter.observe(errors.guard("Filtering")(self._refilter), "value")
         self.mode.observe(errors.guard("Filtering")(self._refilter), "value")
+        self.show.observe(errors.guard("Filtering")(self._refilter), "value")
         self.tree.observe(errors.guard("Selecting")(self._on_pick), "value")
         self.collapse_button.on_click(errors.guard("Collapsing")(lambda _: self.collapse()))
         self.collapse_all_button.on_click(errors.guard("Collapsing")(lambda _: self.collapse_all()))
@@ -102,7 +129,9 @@ class TreePanel(w.VBox):
         self.next_button.on_click(errors.guard("Paging")(lambda _: self.show_page(self.page + 1)))
 
         self.rebuild()
-        controls = w.HBox([self.mode, self.filter, self.collapse_button, self.collapse_all_button])
+        controls = w.HBox(
+            [self.show, self.mode, self.filter, self.collapse_button, self.collapse_all_button]
+        )
         pager = w.HBox([self.prev_button, self.page_label, self.next_button])
         body = w.HBox(
             [
@@ -115,12 +144,15 @@ class TreePanel(w.VBox):
     # --- building and showing ---------------------------------------------------------------
     def rebuild(self, keep: Entry | None = None) -> None:
         """The tree for the current view and filter; ``keep`` stays selected if it matches."""
-        view, pattern = self.view.value, self.filter.value
+        view, pattern, show = self.view.value, self.filter.value, self.show.value
         entries = filter_entries(self.ck.entries(), view, pattern, self.mode.value)
+        entries = self.flags.select(entries, show)
+        filtered = len(entries) < len(self.ck)
+        self.kept = frozenset(e.key for e in entries) if filtered else None
         root = build_tree(entries, view)
         self.outline = Outline(root, self.children_page)
         self.selected = ""
-        if pattern:
+        if pattern or SHOWS[show]:
             self.outline.expand_all(EXPAND_MATCHES)
             self.status.value = note(f"{root.count:,} of {len(self.ck):,} keys match")
         else:
@@ -140,8 +172,15 @@ class TreePanel(w.VBox):
 
     def render(self) -> None:
         """Rows as options, with the selected node still selected."""
-        page = self.outline.page
-        options = [(row_label(r, page), (r.kind, r.prefix)) for r in self.outline.rows()]
+        with self._lock:
+            self._render()
+
+    def _render(self) -> None:
+        page, view = self.outline.page, self.view.value
+        options = [
+            (row_label(r, page, self.flags, view, self.kept), (r.kind, r.prefix))
+            for r in self.outline.rows()
+        ]
         self._quiet = True
         try:
             self.tree.options = options
@@ -178,6 +217,11 @@ class TreePanel(w.VBox):
         self.page_label.value = f"page {page.number + 1} of {page.pages}"
         self.prev_button.disabled = page.number == 0
         self.next_button.disabled = page.number >= page.pages - 1
+
+    def flags_found(self, audit: AuditReport | None) -> None:
+        """The header's scan and audit are done: collect the flags, show the badges."""
+        self.flags.refresh(audit)
+        self.render()
 
     # --- user actions -----------------------------------------------------------------------
     def select(self, prefix: str) -> None:

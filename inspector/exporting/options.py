@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 from inspector import dtypes
 from inspector.errors import InspectorError
 from inspector.exporting.fp8 import FP8_MODES
-from inspector.exporting.plan import DEFAULT_SHARD_SIZE, EXPORT_FORMATS, check_choice, parse_size
+from inspector.exporting.plan import (
+    DEFAULT_SHARD_SIZE,
+    EXPORT_FORMATS,
+    MODEL_FOLDER_FORMATS,
+    check_choice,
+    parse_size,
+)
 from inspector.exporting.run import ExportResult, Progress, export
 from inspector.keys.spellings import view_key
 from inspector.storage.remote import is_url
@@ -108,10 +114,12 @@ class ExportOptions:
         }
 
     def _workers(self) -> dict[str, int]:
-        """``{"workers": n}`` for more than one worker; nothing for one (the default)."""
+        """``{"workers": n}`` for more than one worker; nothing for one (the default) nor for
+        an HF or DCP folder (written by one process)."""
         if self.workers < 1:
             raise InspectorError(f"workers must be at least 1, not {self.workers}")
-        return {"workers": self.workers} if self.workers > 1 else {}
+        parallel = self.workers > 1 and self.format not in MODEL_FOLDER_FORMATS
+        return {"workers": self.workers} if parallel else {}
 
     def run(
         self, ck: Checkpoint, on_progress: Callable[[Progress], None] | None = None

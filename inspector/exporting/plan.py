@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 EXPORT_FORMATS = ("safetensors", "pt", "hf", "dcp")
 MODEL_FOLDER_FORMATS = ("hf", "dcp")  # whole models under another family's names
+# From this size an export is worth worker processes (each costs ~2 s to start: spawn,
+# import torch, re-plan), one per core up to MAX_SUGGESTED_WORKERS.
+PARALLEL_BYTES = 4 << 30
+MAX_SUGGESTED_WORKERS = 8
 # The architectures of exporting/hf/ (listed here so the CLI's help need not import torch).
 ARCHITECTURE_NAMES = ("llama3", "qwen3", "qwen3_moe", "deepseek_v3")
 CAST_DTYPES = ("bfloat16", "float16", "float32")  # what the app and CLI offer to cast to
@@ -319,3 +323,13 @@ class _Tree:
 
 
 _EMPTY = object()
+
+
+def suggested_workers(nbytes: int, cpus: int | None = None) -> int:
+    """How many worker processes an export of ``nbytes`` of tensors is worth: one below
+    ``PARALLEL_BYTES``, else one per core (``os.cpu_count()``), at most 8."""
+    import os
+
+    if nbytes < PARALLEL_BYTES:
+        return 1
+    return max(1, min(cpus or os.cpu_count() or 1, MAX_SUGGESTED_WORKERS))

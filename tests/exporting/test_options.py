@@ -13,6 +13,7 @@ from inspector.demo.model import build_model
 from inspector.errors import InspectorError
 from inspector.exporting import options as options_module
 from inspector.exporting.options import ExportOptions, default_out, rewrite_rename
+from inspector.exporting.plan import PARALLEL_BYTES, suggested_workers
 
 MODEL_KEYS = list(build_model().state_dict())
 
@@ -109,6 +110,24 @@ def test_workers_above_one_are_passed_on() -> None:
     assert ExportOptions(out="o", workers=4).arguments()["workers"] == 4
     with pytest.raises(InspectorError, match="workers must be at least 1"):
         ExportOptions(out="o", workers=0).arguments()
+    assert "workers" not in ExportOptions(out="o", format="hf", workers=4).arguments()
+
+
+def test_workers_are_suggested_for_large_exports() -> None:
+    assert suggested_workers(PARALLEL_BYTES - 1, cpus=16) == 1
+    assert suggested_workers(PARALLEL_BYTES, cpus=2) == 2
+    assert suggested_workers(1 << 40, cpus=64) == 8
+    assert suggested_workers(1 << 40, cpus=1) == 1
+
+
+def test_two_workers_from_the_options_write_what_one_does(demo_dir: Path, tmp_path: Path) -> None:
+    ck = inspector.open(demo_dir / "flat")
+    one = ExportOptions(out=str(tmp_path / "one"), dtype="bfloat16").run(ck)
+    two = ExportOptions(out=str(tmp_path / "two"), dtype="bfloat16", workers=2).run(ck)
+    assert one.verification.ok and two.verification.ok
+    assert (tmp_path / "one/model.safetensors").read_bytes() == (
+        tmp_path / "two/model.safetensors"
+    ).read_bytes()
 
 
 def test_url_targets_stay_urls() -> None:

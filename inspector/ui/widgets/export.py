@@ -16,7 +16,7 @@ from inspector.checkpoint import Checkpoint
 from inspector.exporting.fp8 import FP8_MODE_HELP
 from inspector.exporting.hf import ARCHITECTURES
 from inspector.exporting.options import ExportOptions, arch_auto, default_out
-from inspector.exporting.plan import CAST_DTYPES, DEFAULT_SHARD_SIZE
+from inspector.exporting.plan import CAST_DTYPES, DEFAULT_SHARD_SIZE, suggested_workers
 from inspector.exporting.run import ExportResult, Progress
 from inspector.ui.views.text import human_bytes
 from inspector.ui.widgets.errors import ErrorBox, error_html
@@ -58,7 +58,10 @@ class ExportPanel(w.VBox):
     ) -> None:
         self.ck = ck
         self.errors = errors
-        self.options = ExportOptions(out=str(default_out(ck)))
+        model_bytes = sum(e.nbytes for e in ck.entries() if e.kind == "tensor")
+        self.options = ExportOptions(
+            out=str(default_out(ck)), workers=suggested_workers(model_bytes)
+        )
         self.options.target_options = dict(storage_options) if storage_options else None
         self.thread: threading.Thread | None = None
         self.finished: list[Callable[[], None]] = []  # run after each export, as JobBar's
@@ -86,7 +89,9 @@ class ExportPanel(w.VBox):
         )
         self.arch_note = w.HTML()
         self.arch_note.add_class("inspector-arch")
-        self.workers = w.BoundedIntText(value=1, min=1, max=256, description="Workers", style=_WIDE)
+        self.workers = w.BoundedIntText(
+            value=self.options.workers, min=1, max=256, description="Workers", style=_WIDE
+        )
         self.preset = w.HTML()
         self.preset.add_class("inspector-export-preset")
         self.dtype = w.Dropdown(

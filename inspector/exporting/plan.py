@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 EXPORT_FORMATS = ("safetensors", "pt", "hf", "dcp")
 MODEL_FOLDER_FORMATS = ("hf", "dcp")  # whole models under another family's names
-# From this size an export is worth worker processes (each costs ~2 s to start: spawn,
-# import torch, re-plan), one per core up to MAX_SUGGESTED_WORKERS.
+# From this size an export is worth worker processes (a fork server's import of torch and
+# each worker's re-planning cost about 2 s), one per core up to MAX_SUGGESTED_WORKERS.
 PARALLEL_BYTES = 4 << 30
 MAX_SUGGESTED_WORKERS = 8
 # The architectures of exporting/hf/ (listed here so the CLI's help need not import torch).

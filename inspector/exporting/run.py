@@ -156,7 +156,7 @@ def export(
     Left-out keys (training state, a tied head, torchtitan-only buffers) and why are in
     ``skipped``, the architecture and why in ``arch`` and ``reason``.
 
-    ``workers``: processes that write the plan (started with "spawn": call from under
+    ``workers``: processes that write the plan (from a fork server: call from under
     ``if __name__ == "__main__":`` in a script); the output is byte-identical to
     ``workers=1``. ``distributed``: this process is one torchrun rank and every rank runs
     this same call (``ckpt-inspect export`` sets it under torchrun); each writes its share,

@@ -46,6 +46,7 @@ _TRANSFORM_SLACK = 1 << 20
 _MAX_ZSTD_RATIO = 1 << 15
 _MAX_DIMS = 64
 _MAX_INT = 1 << 62
+_FEW_CHUNKS = 8  # up to this many chunks per key, offsets and sizes are checked one by one
 
 
 def metadata_files(storage: Storage, folder: str = "") -> list[str]:
@@ -638,7 +639,8 @@ _new_chunk = tuple.__new__
 
 def _boxes(chunks: list, ndim: int) -> list[tuple[tuple, tuple]] | None:
     """Each chunk record's (offsets, sizes): ``ndim`` ints in ``[0, 2**62)`` each; None when
-    any is not. The ints are checked all at once (an int64 array), not one by one."""
+    any is not. This runs for every chunk of every key: a few chunks are checked in a loop,
+    many at once as one int64 array."""
     boxes = []
     for chunk in chunks:
         offsets, sizes = getattr(chunk, "offsets", None), getattr(chunk, "sizes", None)
@@ -649,12 +651,17 @@ def _boxes(chunks: list, ndim: int) -> list[tuple[tuple, tuple]] | None:
         ):
             return None
         boxes.append((tuple(offsets), tuple(sizes)))
-    try:
-        numbers = array.array("q", itertools.chain.from_iterable(itertools.chain(*boxes)))
-    except (TypeError, OverflowError):  # not ints, or past int64
-        return None
-    if numbers and (min(numbers) < 0 or max(numbers) >= _MAX_INT):
-        return None
+    if len(boxes) > _FEW_CHUNKS:
+        try:
+            numbers = array.array("q", itertools.chain.from_iterable(itertools.chain(*boxes)))
+        except (TypeError, OverflowError):  # not ints, or past int64
+            return None
+        return boxes if not numbers or (min(numbers) >= 0 and max(numbers) < _MAX_INT) else None
+    for box in boxes:
+        for dims in box:
+            for n in dims:
+                if type(n) is not int or n < 0 or n >= _MAX_INT:
+                    return None
     return boxes
 
 

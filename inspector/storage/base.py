@@ -10,6 +10,7 @@ or ``read_into`` (tensor bytes straight into their buffer).
 from __future__ import annotations
 
 import io
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -51,6 +52,32 @@ class IOCounter:
     @property
     def count(self) -> IOCount:
         return IOCount(self._bytes, self._requests)
+
+
+class WindowBase(io.RawIOBase):
+    """Bytes ``[0, _length)`` of a window as a raw stream: position, seeks and reads bounded
+    by the window; subclasses fill ``readinto`` from where the bytes live."""
+
+    _length: int
+    _pos: int
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._length}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = max(0, self._length - self._pos)
+        return super().read(left if size is None or size < 0 else min(size, left)) or b""
 
 
 class WindowReader(io.BufferedReader):

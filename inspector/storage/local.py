@@ -24,7 +24,14 @@ from inspector.errors import (
     ExportError,
     UnsafeCheckpointError,
 )
-from inspector.storage.base import ByteRange, IOCounter, Kind, Listed, relative_name
+from inspector.storage.base import (
+    ByteRange,
+    IOCounter,
+    Kind,
+    Listed,
+    WindowBase,
+    relative_name,
+)
 
 _BLOCK = 1 << 23
 
@@ -192,7 +199,7 @@ def _pread_into(fd: int, offset: int, buffer: memoryview, label: str) -> None:
         done += got
 
 
-class _Window(io.RawIOBase):
+class _Window(WindowBase):
     """Bytes ``[start, start+length)`` of an open fd, read with ``pread`` (owns the fd).
 
     Unbuffered, so parsing a zip's directory reads only the bytes it looks at; ``read(n)``
@@ -200,24 +207,6 @@ class _Window(io.RawIOBase):
 
     def __init__(self, fd: int, start: int, length: int, counter: IOCounter) -> None:
         self._fd, self._start, self._length, self._pos, self._io = fd, start, length, 0, counter
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._length}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        left = max(0, self._length - self._pos)
-        return super().read(left if size is None or size < 0 else min(size, left)) or b""
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")

@@ -37,7 +37,14 @@ from inspector.errors import (
     StorageAccessError,
     UsageError,
 )
-from inspector.storage.base import ByteRange, IOCounter, Kind, Listed, relative_name
+from inspector.storage.base import (
+    ByteRange,
+    IOCounter,
+    Kind,
+    Listed,
+    WindowBase,
+    relative_name,
+)
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -568,7 +575,7 @@ class _Shared:
             return min((e for e in seen if e >= needed), default=0)
 
 
-class _Window(io.RawIOBase):
+class _Window(WindowBase):
     """Bytes ``[start, start+length)`` of a remote object, read on demand. Small reads near
     the start or the end fetch the block earlier windows needed there (a zip's header and
     its directory); reads elsewhere and big ones are exact. Never reads outside the window."""
@@ -578,24 +585,6 @@ class _Window(io.RawIOBase):
         self._pos = self._head = self._tail = 0
         # Reads a prefetch serves teach nothing about what a parse needs.
         self._pinned = storage._shared.pinned_cover(storage._path(name), start, start + length)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._length}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        left = max(0, self._length - self._pos)
-        return super().read(left if size is None or size < 0 else min(size, left)) or b""
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")

@@ -20,7 +20,7 @@ import inspector
 from inspector.analysis.findings import KINDS
 from inspector.errors import NotACheckpointError
 from tests.conftest import run_python
-from tests.fixtures.damage import header_of, write_header
+from tests.fixtures.damage import flip_byte, header_of, write_header
 
 WQ = "layers.0.attention.wq.weight"
 W1 = "layers.1.feed_forward.w1.weight"
@@ -32,14 +32,6 @@ def kinds(report: inspector.AuditReport) -> list[str]:
 
 def errors(report: inspector.AuditReport) -> list[inspector.analysis.findings.Problem]:
     return [p for p in report.problems if p.severity == "error"]
-
-
-def flip_byte(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        old = f.read(1)
-        f.seek(offset)
-        f.write(bytes([old[0] ^ 0x5A]))
 
 
 def drop(state: dict[str, Any], *keys: str) -> None:

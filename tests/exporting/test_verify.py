@@ -13,17 +13,10 @@ from safetensors.torch import load_file
 import inspector
 from inspector.exporting.run import Progress
 from tests.conftest import run_python
+from tests.fixtures.damage import flip_byte
 from tests.fixtures.formats import same
 
 FORMATS = [("safetensors", "out"), ("pt", "out.pt")]
-
-
-def flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x10]))
 
 
 def written_file(out: Path) -> Path:
@@ -41,7 +34,7 @@ def test_a_flipped_byte_in_the_output_names_its_tensor(
         if p.phase == "verify" and not flipped:  # the first tensor is checked: damage the last
             written = inspector.open(written_file(out))
             last = written.keys()[-1]
-            flip(written_file(out), written.byte_ranges(last)[0].offset + 3)
+            flip_byte(written_file(out), written.byte_ranges(last)[0].offset + 3)
             flipped.append(last)
 
     result = inspector.export(
@@ -64,7 +57,7 @@ def test_a_source_changed_between_write_and_verify_is_not_accepted(
 
     def on_progress(p: Progress) -> None:
         if p.phase == "write" and p.done == p.total:  # every byte written, none verified
-            flip(source / where.name, where.offset + 5)
+            flip_byte(source / where.name, where.offset + 5)
 
     result = inspector.export(ck, tmp_path / name, format=fmt, on_progress=on_progress)
     assert result.verification.mismatched == (key,)
@@ -83,7 +76,7 @@ def test_a_source_damaged_before_the_export_misses_its_own_crc(
     key = "layers.0.feed_forward.w2.weight"
     second = ck.byte_ranges(key)[1]
     assert second.crc is not None  # the record's own CRC-32
-    flip(source / second.name, second.offset + 17)
+    flip_byte(source / second.name, second.offset + 17)
     result = inspector.export(source, tmp_path / name, format=fmt, progress=False)
     assert result.verification.mismatched == (key,)
     assert "damaged source" in result.verification.reasons[key]

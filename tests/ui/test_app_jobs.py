@@ -161,8 +161,10 @@ def test_hf_export_arch_auto_and_workers(demo_dir: Path, tmp_path: Path) -> None
     assert note.startswith("arch auto llama3: all 21 model weights") and "July-2025" in note
     export.workers.value = 3
     export.out.value = str(tmp_path / "hf")
+    assert "workers" not in export._read_form().arguments()  # an HF folder: one process
+    export.format.value = "safetensors"
     assert export._read_form().arguments()["workers"] == 3  # passed on to inspector.export
-    export.workers.value = 1
+    export.format.value = "hf"
     export.fp8.value = "unwrap"
     config = json.loads((demo_dir / "llama_hf" / "assets" / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config | {"vocab_size": 256}))

@@ -326,22 +326,11 @@ def _write_parallel(
 
     items = [keyed(p) for p in planned]
     if format == "safetensors":
-        single_file = out.suffix == ".safetensors"
-        limit = plan.parse_size(max_shard_size)
-        shards = len(plan.plan_shards(items, limit))
-        if single_file and shards > 1:
-            raise ExportError(
-                f"needs {shards} shards of at most {max_shard_size}; "
-                "give a folder instead of a .safetensors file",
-                file=out,
-            )
-        for item in items:
-            safetensors_dtype(item.dtype, item.name)
-        folder = out.parent if single_file else out
+        single_file, folder, _ = _safetensors_layout(out, items, max_shard_size)
         name = out.name if single_file else plan.shard_names(1)[0]
         files, index, crcs = parallel.write_safetensors(
-            engine, spec, folder, name, items, _metadata(ck, spec.fp8, spec.cast), limit,
-            overwrite, on_error, skipped, meter, checksums,
+            engine, spec, folder, name, items, _metadata(ck, spec.fp8, spec.cast),
+            plan.parse_size(max_shard_size), overwrite, on_error, skipped, meter, checksums,
         )
         return files, index, 0, crcs
     values = _pt_objects(ck, objects, on_error, skipped)
@@ -444,18 +433,8 @@ def _write_safetensors(
     checksums: bool,
 ) -> tuple[list[Path], Path | None, dict[str, int]]:
     """The shards and index; each written item's CRC-32 by name (0 without ``checksums``)."""
-    single_file = out.suffix == ".safetensors"
-    folder = out.parent if single_file else out
     items = [keyed(p) for p in planned]
-    shards = plan.plan_shards(items, plan.parse_size(max_shard_size))
-    if single_file and len(shards) > 1:
-        raise ExportError(
-            f"needs {len(shards)} shards of at most {max_shard_size}; "
-            "give a folder instead of a .safetensors file",
-            file=out,
-        )
-    for item in items:
-        safetensors_dtype(item.dtype, item.name)
+    single_file, folder, shards = _safetensors_layout(out, items, max_shard_size)
     folder.mkdir(parents=True, exist_ok=True)
     names = [out.name] if single_file else plan.shard_names(len(shards))
     weight_map: dict[str, str] = {}
@@ -477,6 +456,25 @@ def _write_safetensors(
             files.temp_for(index).write_text(json.dumps(body, indent=2) + "\n")
         written = files.commit()
     return [p for p in written if p != index], index, {k: crcs.get(k, 0) for k in weight_map}
+
+
+def _safetensors_layout(
+    out: Path, items: list[Item], max_shard_size: int | str
+) -> tuple[bool, Path, list[list[Item]]]:
+    """Whether ``out`` is one ``.safetensors`` file, the folder written into, and the shards;
+    refused before anything is written when a file would need shards or a dtype cannot be
+    stored."""
+    single_file = out.suffix == ".safetensors"
+    shards = plan.plan_shards(items, plan.parse_size(max_shard_size))
+    if single_file and len(shards) > 1:
+        raise ExportError(
+            f"needs {len(shards)} shards of at most {max_shard_size}; "
+            "give a folder instead of a .safetensors file",
+            file=out,
+        )
+    for item in items:
+        safetensors_dtype(item.dtype, item.name)
+    return single_file, out.parent if single_file else out, shards
 
 
 def keyed(planned: Planned) -> Item:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from inspector.errors import ExportError, InspectorError
 from inspector.formats.writing import Item, write_item
 from inspector.storage.local import LocalStorage
+from inspector.storage.writeback import durable
 
 if TYPE_CHECKING:
     from inspector.checkpoint import Checkpoint
@@ -263,13 +264,12 @@ def _run(task: Task, planned: dict[str, Planned], progress: Progress) -> Done:
     if isinstance(task, FileTask):
         return _write_file(task, [_item(planned, r) for r in task.items], progress)
     crcs = {}
-    with open(task.path, "r+b", buffering=0) as f:
+    with open(task.path, "r+b", buffering=0) as f, durable(f.fileno(), progress) as written:
         for offset, item_ref in task.items:
             item = _item(planned, item_ref)
             os.lseek(f.fileno(), offset, os.SEEK_SET)
             crcs[item.name] = write_item(f.fileno(), item, crc=task.checksums)
-            progress(item)
-        os.fsync(f.fileno())
+            written(item)
     return Done(task, crcs, [r[0] for _, r in task.items])
 
 

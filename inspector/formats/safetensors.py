@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +26,7 @@ from inspector.formats.torch_archive import contiguous_strides
 from inspector.formats.writing import Item, write_item
 from inspector.storage.base import ByteRange, Storage
 from inspector.storage.copy import write_all
+from inspector.storage.writeback import durable
 
 if TYPE_CHECKING:
     import torch
@@ -393,12 +393,11 @@ def write_safetensors(
     """One safetensors file, tensors written one at a time after the header; with
     ``checksums``, each item's CRC-32 by name (see :func:`write_item`), else ``{}``."""
     crcs = {}
-    with open(path, "wb", buffering=0) as f:
+    with open(path, "wb", buffering=0) as f, durable(f.fileno(), progress) as written:
         write_all(f.fileno(), header_bytes(items, metadata))
         for item in items:
             crc = write_item(f.fileno(), item, crc=checksums)
             if checksums:
                 crcs[item.name] = crc
-            progress(item)
-        os.fsync(f.fileno())
+            written(item)
     return crcs

@@ -24,6 +24,7 @@ from inspector.errors import ExportError
 from inspector.formats.torch_save.writer import append_archive
 from inspector.formats.writing import Item
 from inspector.storage.local import atomic_files, new_folder
+from inspector.storage.writeback import durable
 
 DATA_FILE = "__0_0.distcp"
 METADATA_FILE = ".metadata"
@@ -50,16 +51,15 @@ def write_dcp(
     with new_folder(folder), atomic_files(folder, overwrite) as files:
         data = files.temp_for(folder / DATA_FILE)
         places = []
-        with open(data, "w+b", buffering=0) as f:
+        with open(data, "w+b", buffering=0) as f, durable(f.fileno(), progress) as written:
             for chunk in chunks:
                 offset = f.seek(0, os.SEEK_END)
-                places.append((offset, append_archive(f, chunk.item, progress)[0]))
-            os.fsync(f.fileno())
+                places.append((offset, append_archive(f, chunk.item, written)[0]))
         body = pickle.dumps(_metadata(folder, chunks, places, layout))
         metadata = files.temp_for(folder / METADATA_FILE)
-        with open(metadata, "wb") as f:
-            f.write(body)
-            os.fsync(f.fileno())
+        with open(metadata, "wb") as out:
+            out.write(body)
+            os.fsync(out.fileno())
         return files.commit()
 
 

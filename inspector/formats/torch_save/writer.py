@@ -38,6 +38,7 @@ from inspector.formats.safe_pickle import LEGACY_STORAGE_DTYPES
 from inspector.formats.torch_archive import contiguous_strides
 from inspector.formats.writing import Item, write_item
 from inspector.storage.copy import write_all
+from inspector.storage.writeback import durable
 
 
 def write_torch_save(
@@ -45,9 +46,8 @@ def write_torch_save(
 ) -> dict[str, int]:
     """A torch.save archive of ``structure`` (nested dicts/lists; Item leaves become tensors);
     returns each item's CRC-32 by name, as its record stores it (see :func:`write_item`)."""
-    with open(path, "w+b", buffering=0) as f:
-        _, crcs = append_archive(f, structure, progress)
-        os.fsync(f.fileno())
+    with open(path, "w+b", buffering=0) as f, durable(f.fileno(), progress) as written:
+        _, crcs = append_archive(f, structure, written)
     return crcs
 
 

@@ -5,6 +5,9 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 TORCH  := torch==2.13.0
 DEMO   := demo_checkpoints
+# Byte-compiled once, as a wheel install would be: where PYTHONDONTWRITEBYTECODE is set,
+# an editable install would otherwise compile every module in every new process.
+COMPILE := $(PY) -m compileall -q inspector
 # JupyterLab refuses to start as root (containers, CI machines) unless told it is fine.
 LAB_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
@@ -17,6 +20,7 @@ $(PY):
 dev-env: $(PY)
 	$(PIP) $(TORCH)
 	$(PIP) -e '.[dev]'
+	$(COMPILE)
 
 test: dev-env
 	$(PY) -m ruff check inspector tests benchmarks
@@ -33,6 +37,7 @@ demo: $(DEMO)/.built
 $(DEMO)/.built: $(PY) pyproject.toml $(wildcard inspector/demo/*.py)
 	$(PIP) $(TORCH)
 	$(PIP) -e '.[hf]'
+	$(COMPILE)
 	$(PY) -m inspector.demo $(DEMO)
 	touch $@
 

@@ -15,17 +15,21 @@ import sys
 _WRAPPER = """
 import json, re, sys, time
 start = time.perf_counter()
+marks = [start]
+def imported():
+    marks.append(time.perf_counter())
 exec(compile(sys.argv[1], "<snippet>", "exec"))
-wall = time.perf_counter() - start
+end = time.perf_counter()
 hwm = re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read())
-print("@@" + json.dumps({"wall": wall, "peak": int(hwm.group(1)) * 1024,
-                         "torch": "torch" in sys.modules}))
+print("@@" + json.dumps({"wall": end - start, "work": end - marks[-1],
+                         "peak": int(hwm.group(1)) * 1024, "torch": "torch" in sys.modules}))
 """
 
 
 def measure(snippet: str, *args: str) -> dict[str, float]:
-    """``{"wall": s, "peak": bytes, "torch": imported?}`` of ``snippet`` run by
-    ``python -c`` (imports included). The snippet sees ``args`` as ``sys.argv[2:]``."""
+    """``{"wall": s, "work": s, "peak": bytes, "torch": imported?}`` of ``snippet`` run by
+    ``python -c`` (imports included in "wall"; "work" counts from the snippet's last call of
+    ``imported()``, or equals "wall"). The snippet sees ``args`` as ``sys.argv[2:]``."""
     done = subprocess.run(
         [sys.executable, "-c", _WRAPPER, snippet, *args],
         capture_output=True,

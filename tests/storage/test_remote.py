@@ -122,6 +122,20 @@ def test_every_tensor_and_object_bit_exact(
     assert s3_server.stats.requests == sum(len(e.chunks) for e in fp8_local.entries())
 
 
+def test_quick_audit_fetches_the_archives_ends_in_a_few_requests(
+    s3_server: CountedServer, demo_dir: Path, fp8_local: inspector.Checkpoint
+) -> None:
+    """The app's header audits every record without checksums: each item's zip directory.
+    Fetched a batch of items at a time, not a request or two per item (410 items here)."""
+    ck = open_remote(s3_server, uploaded(s3_server, demo_dir / "fp8", "fp8"))
+    report = inspector.audit(ck, checksums=False)
+    here = inspector.audit(fp8_local, checksums=False)
+    assert report.ok and report.problems == here.problems
+    assert report.checked.records == here.checked.records > 2 * len(fp8_local.entries())
+    assert s3_server.stats.requests <= 16, s3_server.stats.requests
+    assert s3_server.stats.bytes <= shard_bytes(demo_dir / "fp8")
+
+
 def test_hf_folder_and_single_files(
     remote_server: CountedServer, safetensors_written: dict, torch_save_written: dict
 ) -> None:

@@ -47,6 +47,9 @@ _MAX_ZSTD_RATIO = 1 << 15
 _MAX_DIMS = 64
 _MAX_INT = 1 << 62
 _FEW_CHUNKS = 8  # up to this many chunks per key, offsets and sizes are checked one by one
+# A torch archive's local headers lie in its first bytes (data.pkl is small), its directory
+# in its last; an audit prefetches these for this many items at a time.
+_ARCHIVE_HEAD, _ARCHIVE_TAIL, _RECORD_BATCH = 1 << 13, 1 << 12, 512
 
 
 def metadata_files(storage: Storage, folder: str = "") -> list[str]:
@@ -257,10 +260,29 @@ class DcpSource:
             key=lambda item: item[:2],
         )
         sizes: dict[str, int | None] = {}
-        for file, _, index, entry in items:
-            if file not in sizes:
-                sizes[file] = self._size(file)
-            yield from self._item_records(entry, index, sizes[file])
+        for start in range(0, len(items), _RECORD_BATCH):
+            batch = items[start : start + _RECORD_BATCH]
+            with self.storage.prefetch(self._archive_ends(batch)):
+                for file, _, index, entry in batch:
+                    if file not in sizes:
+                        sizes[file] = self._size(file)
+                    yield from self._item_records(entry, index, sizes[file])
+
+    def _archive_ends(self, batch: list[tuple[str, int, int, Entry]]) -> list[ByteRange]:
+        """What parsing the items' zip directories reads: each item's head (its first local
+        headers) and tail (the directory), so a remote storage fetches a batch's at once."""
+        ranges = []
+        for file, offset, index, entry in batch:
+            try:
+                name = self.storage.check(file, referrer=self.metadata_name, key=entry.key)
+            except InspectorError:
+                continue  # listed whole, unopened
+            length = entry.chunks[index].byte_length
+            ranges.append(ByteRange(self.storage, name, offset, min(length, _ARCHIVE_HEAD)))
+            if length > _ARCHIVE_HEAD:
+                tail = min(length - _ARCHIVE_HEAD, _ARCHIVE_TAIL)
+                ranges.append(ByteRange(self.storage, name, offset + length - tail, tail))
+        return ranges
 
     def _size(self, file: str) -> int | None:
         try:

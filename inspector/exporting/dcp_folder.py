@@ -48,8 +48,7 @@ def export_dcp(
     refuse_inside_source(ck, out)
     refuse_overlap(out, {"hf_assets": hf_assets})
     weights = ModelWeights(ck, fp8, dtype)
-    source_folder = ck.path if ck.path.is_dir() else ck.path.parent
-    config = load_config(hf_config, hf_assets, source_folder)
+    config = load_config(hf_config, hf_assets, ck)
     found = hf.from_hf(weights.metas(), config, arch, naming)
     chunks = [
         Chunk(o.name, weights.item(o), o.offsets or (0,) * len(o.shape), o.full_shape or o.shape)

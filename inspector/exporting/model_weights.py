@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import posixpath
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,7 @@ from inspector import dtypes
 from inspector.errors import ExportError, UsageError
 from inspector.exporting import plan as planning
 from inspector.exporting.fp8 import Output as Fp8Output
-from inspector.formats.base import bytes_view
+from inspector.formats.base import bytes_view, parse_json
 from inspector.formats.writing import Item
 from inspector.keys.spellings import WRAPPER_PREFIXES, model_fqn, strip_segments
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 ADAPTED_FP8_MODES = ("dequantize", "unwrap")  # "keep" writes scales no HF model loads
 CONFIG_NAME = "config.json"
 HfConfig = Mapping[str, Any] | str | os.PathLike | None
+_MAX_CONFIG_BYTES = 1 << 24  # model configs are kilobytes; a bigger "config" is not one
 # Files of an assets folder that are weights (or their index), never copied as assets.
 WEIGHT_SUFFIXES = (
     ".safetensors",
@@ -159,10 +161,11 @@ def compare_tied(weights: ModelWeights, pairs: tuple[tuple[str, str], ...]) -> N
 
 
 def load_config(
-    hf_config: HfConfig, hf_assets: str | os.PathLike | None, source: Path | None = None
+    hf_config: HfConfig, hf_assets: str | os.PathLike | None, source: Checkpoint | None = None
 ) -> dict | None:
     """``hf_config`` (a dict, or a config.json path or its folder), else the config.json of
-    ``hf_assets``, else the source folder's; None when there is none."""
+    ``hf_assets``, else the one beside the ``source`` checkpoint (local or remote); None
+    when there is none."""
     if hf_assets is not None and not Path(hf_assets).expanduser().is_dir():
         raise ExportError("hf_assets is not a folder", file=hf_assets)
     if isinstance(hf_config, Mapping):
@@ -170,10 +173,25 @@ def load_config(
     if hf_config is not None:
         path = Path(hf_config).expanduser()
         return _read_config(path / CONFIG_NAME if path.is_dir() else path, "hf_config")
-    for folder in (hf_assets, source):
-        if folder is not None and (Path(folder).expanduser() / CONFIG_NAME).is_file():
-            return _read_config(Path(folder).expanduser() / CONFIG_NAME, "the config")
-    return None
+    if hf_assets is not None and (Path(hf_assets).expanduser() / CONFIG_NAME).is_file():
+        return _read_config(Path(hf_assets).expanduser() / CONFIG_NAME, "the config")
+    return _source_config(source) if source is not None else None
+
+
+def _source_config(ck: Checkpoint) -> dict | None:
+    """The config.json in the folder of what ``ck`` opened, read through its storage (a
+    model folder on S3 or the Hub has one too); None when there is none."""
+    storage = ck.source.storage
+    name = posixpath.join(posixpath.dirname(ck.source.name), CONFIG_NAME)
+    if storage.kind(name) != "file":
+        return None
+    where = storage.describe(name)
+    if storage.size(name) > _MAX_CONFIG_BYTES:
+        raise ExportError("is larger than any model config; pass hf_config", file=where)
+    config = parse_json(storage.read(name), file=where, what="the config")
+    if not isinstance(config, dict):
+        raise ExportError("the config is not a JSON object", file=where)
+    return config
 
 
 def _read_config(path: Path, argument: str) -> dict:

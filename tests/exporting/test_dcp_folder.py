@@ -151,6 +151,23 @@ def test_a_folder_without_config_needs_hf_config(torchtitan_models, tmp_path) ->
     assert result.verification.ok and result.arch == "llama3"
 
 
+@pytest.mark.parametrize(
+    ("written", "match"),
+    [(b'{"hidden_size": 64,', "the config is malformed"), (b"[1, 2]", "not a JSON object")],
+)
+def test_a_damaged_config_beside_the_weights_is_named(
+    torchtitan_models, tmp_path: Path, written: bytes, match: str
+) -> None:
+    folder = tmp_path / "damaged"
+    folder.mkdir()
+    shutil.copy(torchtitan_models.hf("llama3") / "model.safetensors", folder)
+    (folder / "config.json").write_bytes(written)
+    with pytest.raises(InspectorError, match=match) as raised:
+        inspector.export(folder, tmp_path / "out", format="dcp", progress=False)
+    assert "config.json" in str(raised.value)
+    assert not (tmp_path / "out").exists()
+
+
 def test_torchtitan_names_are_refused_as_a_source(torchtitan_models, tmp_path) -> None:
     with pytest.raises(InspectorError, match="these keys are not HF names"):
         inspector.export(

@@ -118,3 +118,19 @@ def test_a_failed_upload_leaves_nothing(s3_server: CountedServer, demo_dir: Path
                          storage_options=s3_server.storage_options)
     assert err.value.file == f"{target}/model-00002-of-00002.safetensors"
     assert not s3_server.filesystem().exists(target + "/model-00001-of-00002.safetensors")
+
+
+def test_hf_folder_on_s3_to_dcp_finds_its_config(s3_server: CountedServer, torchtitan_models,
+                                                  tmp_path: Path) -> None:
+    """HF -> torchtitan DCP from a URL: the config.json beside the weights is read there, as
+    it is for a local folder, and the tensors are those of the local export."""
+    url = uploaded(s3_server, torchtitan_models.hf("llama3"), "hf-llama3")
+    local = inspector.export(torchtitan_models.hf("llama3"), tmp_path / "local", format="dcp",
+                             progress=False)
+    remote = inspector.export(url, tmp_path / "remote", format="dcp", progress=False,
+                              storage_options=s3_server.storage_options)
+    assert remote.verification.ok and remote.arch == local.arch == "llama3"
+    ours, theirs = inspector.open(tmp_path / "remote"), inspector.open(tmp_path / "local")
+    assert ours.keys() == theirs.keys() and len(ours.keys()) == remote.tensors
+    for key in theirs.keys():
+        assert torch.equal(ours.read(key), theirs.read(key)), key

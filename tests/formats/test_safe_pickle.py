@@ -16,6 +16,7 @@ from inspector.dtypes import name_of
 from inspector.errors import CorruptCheckpointError, UnsafeCheckpointError
 from inspector.formats import safe_pickle
 from inspector.formats.safe_pickle import Opaque, SubclassRef, TensorRef
+from tests.hostile import opcodes
 from tests.hostile.pickles import Payload, arm, payloads
 
 
@@ -73,6 +74,34 @@ def test_metadata_that_is_not_metadata() -> None:
         safe_pickle.load_metadata(pickle.dumps({"a": 1}), file="m")
     with pytest.raises(CorruptCheckpointError, match="not a well-formed pickle"):
         safe_pickle.load_metadata(pickle.dumps({"a": 1})[:-3], file="m")
+
+
+SIZE = opcodes.glob("torch", "Size")
+NEWOBJ, LIST, STOP = b"\x81", b"l", b"."
+
+
+def _metadata_with_version(value: bytes) -> bytes:
+    """A .metadata pickle: a Metadata record whose ``version`` is ``value`` (records are
+    leaves to the walk, so what it holds is only what the unpickler built)."""
+    record = opcodes.glob("torch.distributed.checkpoint.metadata", "Metadata")
+    state = opcodes.dictionary({"version": value})
+    return record + opcodes.EMPTY_TUPLE + NEWOBJ + state + opcodes.BUILD + STOP
+
+
+def test_metadata_sizes_are_the_pickled_tuples_themselves() -> None:
+    """torch.Size(t) in .metadata is ``t`` itself: a memoised 100k-element tuple sized for
+    10k chunks is one object (a copy each would be 10^9 elements)."""
+    big = opcodes.MARK + opcodes.integer(7) * 100_000 + opcodes.TUPLE + opcodes.put(0) + opcodes.POP
+    sizes = opcodes.MARK + opcodes.call(SIZE, opcodes.get(0)) * 10_000 + LIST
+    decoded = safe_pickle.load_metadata(_metadata_with_version(big + sizes), file="m")
+    assert len(decoded.version) == 10_000 and len(decoded.version[0]) == 100_000
+    assert all(size is decoded.version[0] for size in decoded.version)
+
+
+def test_metadata_size_of_anything_but_a_tuple_is_refused() -> None:
+    listed = opcodes.call(SIZE, opcodes.EMPTY_LIST)
+    with pytest.raises(CorruptCheckpointError, match="m: cannot decode pickle"):
+        safe_pickle.load_metadata(_metadata_with_version(listed), file="m")
 
 
 class Custom:

@@ -499,9 +499,17 @@ for _module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray"):
     }
 
 
+# ``torch.Size`` in ``.metadata``, called for every chunk (200k times in a large file): torch
+# pickles it as ``torch.Size(<tuple>)``, so the stand-in is that tuple. ``().__add__`` returns
+# an exact tuple unchanged (a memoised one called a million times copies nothing) and refuses
+# any other argument; being C, it costs no Python frame, and a method-wrapper has no state a
+# pickle could change.
+_METADATA_SIZE = ().__add__
+
+
 def _metadata_table() -> dict[tuple[str, str], Any]:
     names: dict[tuple[str, str], Any] = dict(dcp_metadata.CLASSES)
-    names[("torch", "Size")] = _TUPLE
+    names[("torch", "Size")] = _METADATA_SIZE
     names[("torch.serialization", "_get_layout")] = _DATA_GLOBALS[
         ("torch.serialization", "_get_layout")
     ]

@@ -30,10 +30,13 @@ def test_items_are_written_and_reported_in_order(tmp_path: Path) -> None:
 
 
 def test_an_exception_stops_the_flusher_and_propagates(tmp_path: Path) -> None:
-    with pytest.raises(KeyError), open(tmp_path / "out.bin", "wb", buffering=0) as f:
-        with durable(f.fileno(), lambda item: None) as written:
+    def fails(fd: int) -> None:
+        with durable(fd, lambda item: None) as written:
             written("a")
             raise KeyError("b")
+
+    with pytest.raises(KeyError), open(tmp_path / "out.bin", "wb", buffering=0) as f:
+        fails(f.fileno())
     assert _writeback_threads() == []
 
 

@@ -23,8 +23,11 @@ What each comparison proves:
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +41,8 @@ from inspector.storage.digest import Stamp, crc32, ranges_crc, stamps
 
 if TYPE_CHECKING:
     from inspector.checkpoint import Checkpoint
+
+_READERS = 4  # tensors re-read at once while verifying (each holds one 8 MiB block)
 
 
 @dataclass(frozen=True)
@@ -102,16 +107,40 @@ def problems(
     from inspector.checkpoint import open as open_checkpoint
 
     written = open_checkpoint(path)
-    reasons = {}
-    for p in planned:
+
+    def check(p: Planned) -> str | None:
         key = ".".join(map(str, p.path)) if nested else p.item.name
-        reason = _written_problem(written, key, p.item, crcs[p.item.name])
+        return _written_problem(written, key, p.item, crcs[p.item.name])
+
+    reasons = {}
+    for p, reason in _ahead(check, planned):
         if reason is None and changed:
             reason = _source_problem(p.item, crcs[p.item.name], list(changed))
         if reason is not None:
             reasons[p.item.name] = reason
         progress(p.item)
     return reasons
+
+
+def _ahead(
+    check: Callable[[Planned], str | None], planned: Sequence[Planned]
+) -> Iterator[tuple[Planned, str | None]]:
+    """``(p, check(p))`` in order, the next few checks already running in threads (reads and
+    CRC-32s release the GIL); stopping early (a cancel) waits only for those few."""
+    readers = min(_READERS, os.cpu_count() or 1)
+    pool = ThreadPoolExecutor(readers, "inspector-verify")
+    queued: deque[tuple[Planned, Future[str | None]]] = deque()
+    try:
+        for p in planned:
+            queued.append((p, pool.submit(check, p)))
+            if len(queued) > readers:
+                first, done = queued.popleft()
+                yield first, done.result()
+        while queued:
+            first, done = queued.popleft()
+            yield first, done.result()
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def _written_problem(written: Checkpoint, key: str, item: Item, crc: int) -> str | None:

@@ -3,6 +3,7 @@ verify, or a source damaged at rest, is reported by tensor; plain exports need n
 
 from __future__ import annotations
 
+import threading
 import zipfile
 from pathlib import Path
 
@@ -115,3 +116,30 @@ def test_plain_safetensors_export_and_verification_never_import_torch(
     ck = inspector.open(demo_dir / "seed")
     for key, value in load_file(tmp_path / "out" / "model.safetensors").items():
         assert same(value, ck.read(key)), key
+
+
+def _verify_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("inspector-verify")]
+
+
+def test_verification_stops_when_its_caller_does(demo_dir: Path, tmp_path: Path) -> None:
+    """Tensors are re-read a few at a time in threads; an error from the progress callback
+    (the app's Cancel) ends the verification there, and no thread is left behind."""
+    checked = []
+
+    class Stop(Exception):
+        pass
+
+    def on_progress(p: Progress) -> None:
+        if p.phase == "verify":
+            checked.append(p.key)
+            if len(checked) == 2:
+                raise Stop
+
+    with pytest.raises(Stop):
+        inspector.export(demo_dir / "flat", tmp_path / "out", on_progress=on_progress,
+                         progress=False)
+    assert len(checked) == 2 and _verify_threads() == []
+    done = inspector.export(demo_dir / "flat", tmp_path / "again", progress=False)
+    assert done.verification.ok and done.verification.checked == done.tensors > 8
+    assert _verify_threads() == []

@@ -35,7 +35,7 @@ from inspector.exporting.model_weights import (
 )
 from inspector.exporting.plan import INDEX_NAME, Planned
 from inspector.exporting.run import ExportResult, Meter, Progress, refuse_inside_source
-from inspector.formats.safetensors import safetensors_dtype, write_safetensors
+from inspector.formats.safetensors import index_text, safetensors_dtype, write_safetensors
 from inspector.formats.writing import Item
 from inspector.storage.local import AtomicFiles, atomic_files, new_folder
 from inspector.version import __version__
@@ -157,8 +157,7 @@ def _write_shards(
         return None, crcs
     index = out / INDEX_NAME
     weight_map = {i.name: name for name, shard in zip(names, shards, strict=True) for i in shard}
-    body = {"metadata": {"total_size": sum(i.nbytes for i in items)}, "weight_map": weight_map}
-    files.temp_for(index).write_text(json.dumps(body, indent=2) + "\n")
+    files.temp_for(index).write_text(index_text(weight_map, sum(i.nbytes for i in items)))
     return index, crcs
 
 

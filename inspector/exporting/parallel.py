@@ -16,7 +16,6 @@ every temporary file is removed and no index is written. Verification is split t
 from __future__ import annotations
 
 import functools
-import json
 import os
 import pickle
 from collections.abc import Callable, Sequence
@@ -39,7 +38,7 @@ from inspector.exporting.shares import (
 )
 from inspector.exporting.verify import SourceState, Verification
 from inspector.exporting.workers import Engine, Meter, Ranks, Workers
-from inspector.formats.safetensors import header_bytes
+from inspector.formats.safetensors import header_bytes, index_text
 from inspector.storage.local import AtomicFiles, atomic_files
 
 if TYPE_CHECKING:
@@ -109,8 +108,7 @@ def write_safetensors(
             if len(shards) > 1:
                 index = folder / INDEX_NAME
                 total = sum(i.nbytes for i in items if i.name in names)
-                body = {"metadata": {"total_size": total}, "weight_map": names}
-                files.temp_for(index).write_text(json.dumps(body, indent=2) + "\n")
+                files.temp_for(index).write_text(index_text(names, total))
             if extra is not None:
                 extra(files)
             return files.commit(), index

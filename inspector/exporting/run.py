@@ -8,7 +8,6 @@ names only when the whole export succeeded; the source is only read.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,7 +22,7 @@ from inspector.exporting import verify as checking
 from inspector.exporting.plan import INDEX_NAME, Planned, Rename
 from inspector.exporting.shares import SourceRef, TensorPlan
 from inspector.exporting.verify import Verification
-from inspector.formats.safetensors import safetensors_dtype, write_safetensors
+from inspector.formats.safetensors import index_text, safetensors_dtype, write_safetensors
 from inspector.formats.writing import Item
 from inspector.storage.local import atomic_files
 from inspector.storage.remote import is_url
@@ -452,8 +451,7 @@ def _write_safetensors(
         if len(shards) > 1:
             index = folder / INDEX_NAME
             total = sum(i.nbytes for i in items if i.name in weight_map)
-            body = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            files.temp_for(index).write_text(json.dumps(body, indent=2) + "\n")
+            files.temp_for(index).write_text(index_text(weight_map, total))
         written = files.commit()
     return [p for p in written if p != index], index, {k: crcs.get(k, 0) for k in weight_map}
 

@@ -12,7 +12,7 @@ import json
 import math
 import struct
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
@@ -380,6 +380,13 @@ def header_bytes(items: Sequence[Item], metadata: dict[str, str]) -> bytes:
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     return _LENGTH.pack(len(text)) + text
+
+
+def index_text(weight_map: Mapping[str, str], total_size: int) -> str:
+    """The ``model.safetensors.index.json`` of shards (as huggingface_hub writes it): each
+    tensor's shard and the tensors' total bytes."""
+    body = {"metadata": {"total_size": total_size}, "weight_map": dict(weight_map)}
+    return json.dumps(body, indent=2) + "\n"
 
 
 def write_safetensors(

@@ -822,7 +822,7 @@ def _stand_ins() -> dict[str, Any]:
         "paths": policy._PATH_CLASSES,
         "named": policy._NAMED,
         "dtypes": policy._DTYPES,
-        "metadata": policy._METADATA_GLOBALS,
+        "metadata": policy._metadata_table(),
         "dcp": dcp_metadata.CLASSES,
     }
     for table, items in tables.items():

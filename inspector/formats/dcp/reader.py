@@ -16,8 +16,9 @@ import io
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
@@ -26,7 +27,12 @@ from inspector.errors import CorruptCheckpointError, InspectorError, Unsupported
 from inspector.formats import safe_pickle
 from inspector.formats.base import ChunkValue, Step, StoredRecord, file_sizes
 from inspector.formats.dcp import megatron
-from inspector.formats.dcp.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+from inspector.formats.dcp.metadata import (
+    BytesStorageMetadata,
+    Metadata,
+    StorageInfo,
+    TensorStorageMetadata,
+)
 from inspector.formats.safe_pickle import DtypeName, SubclassRef, TensorRef, UnknownDtype
 from inspector.formats.safetensors import Header, plain_description, read_header, read_span
 from inspector.formats.torch_archive import TorchArchive, is_zip, zip_members
@@ -50,6 +56,17 @@ _FEW_CHUNKS = 8  # up to this many chunks per key, offsets and sizes are checked
 # A torch archive's local headers lie in its first bytes (data.pkl is small), its directory
 # in its last; an audit prefetches these for this many items at a time.
 _ARCHIVE_HEAD, _ARCHIVE_TAIL, _RECORD_BATCH = 1 << 13, 1 << 12, 512
+
+_table: ModuleType | None
+try:
+    from inspector.formats.dcp import _table
+except ImportError:  # installed without a C compiler: the Python below builds every entry
+    _table = None
+_TABLE_CONSTS = (
+    *(TensorStorageMetadata, BytesStorageMetadata, StorageInfo, DtypeName),
+    {name: name for name in dtypes.NAMES},
+    *(ChunkInfo, Entry, layout_problem),
+)
 
 
 def metadata_files(storage: Storage, folder: str = "") -> list[str]:
@@ -469,14 +486,24 @@ def _shared_chunk_lists(table: dict, source: str) -> dict[str, str]:
     """Keys whose chunk list is also another key's. Each key of a genuine file has its own;
     one list shared through the pickle's memo by thousands of keys would be walked (and
     merged) once per key."""
+    firsts = (
+        _table.shared_chunk_lists(table, TensorStorageMetadata) if _table else _first_owners(table)
+    )
+    return {
+        key: f"{source} gives this key the chunk list of key {_text(first)}"
+        for key, first in firsts.items()
+    }
+
+
+def _first_owners(table: dict) -> dict[Any, Any]:
+    """{key: the first key with the same chunk list object}, for keys that share one."""
     owner: dict[int, Any] = {}
-    problems = {}
+    found = {}
     for key, md in table.items():
         chunks = md.chunks if isinstance(md, TensorStorageMetadata) else None
-        if isinstance(chunks, list) and owner.setdefault(id(chunks), key) is not key:
-            first = _text(owner[id(chunks)])
-            problems[key] = f"{source} gives this key the chunk list of key {first}"
-    return problems
+        if isinstance(chunks, list) and (first := owner.setdefault(id(chunks), key)) is not key:
+            found[key] = first
+    return found
 
 
 def _merge(
@@ -521,13 +548,18 @@ def _entries(
     md: Metadata, problems: dict[str, str], storage: Storage, referrer: str
 ) -> list[Entry]:
     planner = md.planner_data if isinstance(md.planner_data, dict) else None
-    storage_by_key, names = _storage_by_key(md.storage_data)
+    storage_by_key, names = (_table.storage_by_key if _table else _storage_by_key)(md.storage_data)
     sizes = file_sizes(storage, names, referrer=referrer)
     source = referrer.rsplit("/", 1)[-1]
     entries: list[Entry] = []
     append = entries.append
     no_records: dict[tuple | None, Any] = {}
-    for key, item in md.state_dict_metadata.items():
+    table = md.state_dict_metadata
+    fast = _fast_entries(table, storage_by_key, sizes, planner, problems)
+    for (key, item), done in zip(table.items(), fast, strict=True):
+        if done is not None:
+            append(done)
+            continue
         if not isinstance(key, str):
             raise CorruptCheckpointError(
                 f"metadata key {_text(key)} is not a string", file=referrer
@@ -548,6 +580,16 @@ def _entries(
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             append(Entry(key, kind, error=f"malformed {source} ({_text(str(exc))})"))
     return entries
+
+
+def _fast_entries(
+    table: dict, by_key: dict, sizes: dict, planner: dict | None, problems: dict[str, str]
+) -> Iterable[Entry | None]:
+    """Each key's entry as the C table builds it where the key's records are well-formed;
+    None where the Python below must build it (every key, without the C extension)."""
+    if _table is None or type(planner) not in (dict, type(None)):
+        return itertools.repeat(None, len(table))
+    return _table.entries(table, by_key, sizes, planner, problems, _TABLE_CONSTS)
 
 
 def _nested_path(key: str, planner: dict | None) -> tuple:
@@ -720,6 +762,8 @@ def _chunk_problem(chunk: ChunkInfo, sizes: dict, source: str) -> str | None:
 def _check_items(entries: list[Entry], safetensors: set[str], source: str) -> list[Entry]:
     """Entries whose items cannot hold what ``.metadata`` claims, or share bytes with another
     item (each item of a genuine file has its own byte range), get their error set."""
+    if _table is not None and _table.items_fit(entries, safetensors, _MAX_ZSTD_RATIO):
+        return entries  # the C check found nothing to set (the loops below would agree)
     problems: dict[int, str] = {}
     ranges = []
     for i, entry in enumerate(entries):

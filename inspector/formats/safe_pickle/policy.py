@@ -8,6 +8,7 @@ Every stand-in a pickle can reach is immutable (see :mod:`.records`).
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import pathlib
@@ -507,7 +508,10 @@ for _module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray"):
 _METADATA_SIZE = ().__add__
 
 
+@functools.cache
 def _metadata_table() -> dict[tuple[str, str], Any]:
+    """Built on first use, so that ``inspector.formats.dcp.metadata`` (whose classes it
+    holds) can be imported first."""
     names: dict[tuple[str, str], Any] = dict(dcp_metadata.CLASSES)
     names[("torch", "Size")] = _METADATA_SIZE
     names[("torch.serialization", "_get_layout")] = _DATA_GLOBALS[
@@ -519,12 +523,9 @@ def _metadata_table() -> dict[tuple[str, str], Any]:
     return names
 
 
-_METADATA_GLOBALS = _metadata_table()
-
-
 def metadata_global(module: str, name: str) -> Any:
     """What a global in DCP ``.metadata`` stands for; None: never part of genuine metadata."""
-    value = _METADATA_GLOBALS.get((module, name))
+    value = _metadata_table().get((module, name))
     if value is None and module == "torch":
         value = _DTYPES.get(name)
         if value is None and _DTYPE_NAME.fullmatch(name) and name not in _NAMED:

@@ -1,8 +1,9 @@
 """Open a 405B-shaped DCP metadata file: inspector.open + table vs torch's read_metadata.
 
 Builds a synthetic ``.metadata`` like a Llama-3 405B run with AdamW state saved from 64
-ranks (about 3,400 keys, 218k chunk entries), then times, interleaved, torch's
-``FileSystemReader.read_metadata()`` and ``inspector.open(path).table()``.
+ranks (about 3,400 keys, 218k chunk entries) beside its 64 data files (sparse, sized as the
+real ones, so every record checks out as in a genuine checkpoint), then times, interleaved,
+torch's ``FileSystemReader.read_metadata()`` and ``inspector.open(path).table()``.
 Goal: ours / torch's <= 0.5 in every round (the ratio of each interleaved pair).
 Run: ``.venv/bin/python benchmarks/open_metadata.py [rounds]`` (default 3).
 """
@@ -61,6 +62,7 @@ def parameter_shapes(
 
 def build_metadata(folder: Path) -> tuple[int, int]:
     state, storage, planner = {}, {}, {}
+    ends = [0] * RANKS  # each rank's file: its items one after another, as DCP writes them
     for fqn, shape in parameter_shapes().items():
         for key, path, dtype in (
             (fqn, (fqn,), torch.bfloat16),
@@ -84,14 +86,18 @@ def build_metadata(folder: Path) -> tuple[int, int]:
                 chunks.append(ChunkStorageMetadata(offsets, sizes))
                 nbytes = sizes.numel() * dtype.itemsize
                 storage[MetadataIndex(key, offsets, rank)] = _StorageInfo(
-                    f"__{rank}_0.distcp", rank, nbytes
+                    f"__{rank}_0.distcp", ends[rank], nbytes
                 )
+                ends[rank] += nbytes
             state[key] = TensorStorageMetadata(
                 TensorProperties(dtype=dtype), torch.Size(shape), chunks
             )
             planner[key] = path
     meta = Metadata(state, planner, storage, StorageMeta(checkpoint_id=folder), "1.0.0")
     (folder / ".metadata").write_bytes(pickle.dumps(meta))
+    for rank, size in enumerate(ends):  # sparse files, sized as the real ones: no disk used
+        with open(folder / f"__{rank}_0.distcp", "wb") as f:
+            f.truncate(size)
     return len(state), len(storage)
 
 

@@ -1,7 +1,8 @@
 """Key tree on a 100k-key checkpoint: build per view, expand a node, list a page of entries.
 
-Writes a synthetic DCP ``.metadata`` (torch's own metadata classes, pickled as DCP does; no
-data files needed) for a legacy torchtitan checkpoint: 2,222 layers of 9 parameters, each
+Writes a synthetic DCP ``.metadata`` (torch's own metadata classes, pickled as DCP does)
+and its data file (sparse, sized as the real one, so every record checks out as in a
+genuine checkpoint) for a legacy torchtitan checkpoint: 2,222 layers of 9 parameters, each
 stored as a ``model.``-prefixed weight plus AdamW ``exp_avg``/``exp_avg_sq``/``step`` and a
 ``param_groups`` lr (100,006 keys). For each view it times, with ``inspector.open`` of the
 same folder as the anchor (ratios printed as x):
@@ -94,6 +95,8 @@ def build_metadata(folder: Path) -> int:
     add("train_state.step", ("train_state", "step"), (), torch.int64)
     meta = Metadata(state, planner, storage, StorageMeta(checkpoint_id=folder), "1.0.0")
     (folder / ".metadata").write_bytes(pickle.dumps(meta))
+    with open(folder / "__0_0.distcp", "wb") as f:  # sparse: no disk used
+        f.truncate(offset)
     return len(state)
 
 

@@ -1,8 +1,8 @@
 """The Jupyter app on a 100k-key checkpoint, kernel side: first view, expand, page, view, filter.
 
 Uses benchmarks/tree.py's synthetic DCP ``.metadata`` (a legacy torchtitan checkpoint,
-2,222 layers, 100,006 keys; no data files, so the subclass scan of a shown page finds them
-missing and marks those entries, which costs what a real scan's file reads would not).
+2,222 layers, 100,006 keys, its data file sparse: the subclass scan of a shown page reads
+zeros where genuine items would be, and marks those entries damaged).
 Times, with ``inspector.open`` of the folder as the anchor (ratios printed as x), the
 median of a few rounds of:
 - first view: ``Inspector(path)`` (open, header totals, tree, first page of entries),

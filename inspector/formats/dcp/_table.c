@@ -595,7 +595,7 @@ items_fit(PyObject *self, PyObject *args)
         fits = -1;
     }
     if (fits == 1) {
-        qsort(ranges, (size_t)used, sizeof(Range), by_place);
+        if (used > 1) qsort(ranges, (size_t)used, sizeof(Range), by_place);
         /* Sorted by start, and none overlapping so far: the previous range ends furthest. */
         for (Py_ssize_t k = 1; k < used && fits == 1; k++) {
             fits = ranges[k].file != ranges[k - 1].file || ranges[k].start >= ranges[k - 1].end;

@@ -34,7 +34,7 @@ fuzz: dev-env
 demo: $(DEMO)/.built
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/inspect.ipynb
 
-$(DEMO)/.built: $(PY) pyproject.toml $(wildcard inspector/demo/*.py)
+$(DEMO)/.built: $(PY) pyproject.toml $(wildcard inspector/demo/*.py) $(shell find inspector -name '*.c')
 	$(PIP) $(TORCH)
 	$(PIP) -e '.[hf]'
 	$(COMPILE)

@@ -9,7 +9,7 @@
  * records are all well-formed (exact ints in range, one StorageInfo per chunk inside its
  * file, the chunks tiling the shape), else None, and reader._entries builds that key's entry
  * in Python, which words the problem. So a None is never a verdict, and an Entry is only
- * ever given where Python would build the same one (tests/formats/dcp/test_table.py
+ * ever given where Python would build the same one (tests/formats/test_dcp_table.py
  * compares the two on genuine and on mutated tables).
  *
  * consts: (TensorStorageMetadata, BytesStorageMetadata, StorageInfo, DtypeName,

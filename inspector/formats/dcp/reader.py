@@ -62,10 +62,15 @@ try:
     from inspector.formats.dcp import _table
 except ImportError:  # installed without a C compiler: the Python below builds every entry
     _table = None
-_TABLE_CONSTS = (
-    *(TensorStorageMetadata, BytesStorageMetadata, StorageInfo, DtypeName),
+_TABLE_CONSTS = (  # what _table.entries needs from Python, in the order _table.c names them
+    TensorStorageMetadata,
+    BytesStorageMetadata,
+    StorageInfo,
+    DtypeName,
     {name: name for name in dtypes.NAMES},
-    *(ChunkInfo, Entry, layout_problem),
+    ChunkInfo,
+    Entry,
+    layout_problem,
 )
 
 

@@ -80,7 +80,8 @@ def test_genuine_checkpoints_take_the_fast_path_for_every_key(
     for folder in genuine_folders(demo_dir, dcp_distributed_written):
         storage = LocalStorage(folder)
         files = reader.metadata_files(storage) or [reader.METADATA_FILE]
-        raw, problems = reader._merge([reader._read_metadata(storage, n) for n in files], "m")
+        parts = [reader._read_metadata(storage, n, storage.read(n)) for n in files]
+        raw, problems = reader._merge(parts, "m")
         by_key, names = C_TABLE.storage_by_key(raw.storage_data)
         assert (by_key, names) == reader._storage_by_key(raw.storage_data)
         sizes = {n: storage.size(n) for n in names}

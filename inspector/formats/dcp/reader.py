@@ -33,7 +33,8 @@ from inspector.formats.dcp.metadata import (
     StorageInfo,
     TensorStorageMetadata,
 )
-from inspector.formats.safe_pickle import DtypeName, SubclassRef, TensorRef, UnknownDtype
+from inspector.formats.safe_pickle import DtypeName, SubclassRef, TensorRef, UnknownDtype, direct
+from inspector.formats.safe_pickle.direct import MetadataEntries
 from inspector.formats.safetensors import Header, plain_description, read_header, read_span
 from inspector.formats.torch_archive import TorchArchive, is_zip, zip_members
 from inspector.reprs import bounded_repr
@@ -119,16 +120,12 @@ class DcpSource:
         files = metadata_files(storage) or [METADATA_FILE]
         self.metadata_name = files[0]
         referrer = storage.describe(self.metadata_name)
-        raw, problems = _merge([_read_metadata(storage, name) for name in files], referrer)
+        read = _read(storage, files, referrer)
         notes = [f"{self.metadata_name} found: torch.distributed.checkpoint (DCP) folder"]
         if len(files) > 1:
             notes.append(f"{len(files)} per-rank metadata files (saved without collectives)")
-        self.nesting = (
-            "DCP planner_data"
-            if isinstance(raw.planner_data, dict)
-            else "key names (no planner_data)"
-        )
-        entries = _entries(raw, problems, storage, referrer)
+        self.nesting = "DCP planner_data" if read.has_planner else "key names (no planner_data)"
+        entries = read.entries
         self.megatron = megatron.read_marker(storage) is not None
         legacy_common = megatron.legacy_common_entry(storage) if self.megatron else None
         entries, self._safetensors = _place_safetensors_chunks(storage, entries)
@@ -156,10 +153,9 @@ class DcpSource:
         ranks = {m.group(1) for f in data_files if (m := RANK_FILE.fullmatch(f))}
         ranks |= {m.group(1) for f in files if (m := RANK_METADATA.fullmatch(f))}
         self.ranks = len(ranks) or None
-        self.metadata = {"version": _text(getattr(raw, "version", None))}
-        checkpoint_id = getattr(getattr(raw, "storage_meta", None), "checkpoint_id", None)
-        if checkpoint_id is not None:
-            self.metadata["saved_to"] = _text(checkpoint_id)
+        self.metadata = {"version": _text(read.version)}
+        if read.checkpoint_id is not None:
+            self.metadata["saved_to"] = _text(read.checkpoint_id)
         if self.megatron:
             self.producer = megatron.PRODUCER
             shown, more = megatron.describe(self._entries, self._decoded)
@@ -474,10 +470,34 @@ def _untransform(storage: Storage, name: str, chunk: ChunkInfo, entry: Entry) ->
 # --- metadata --------------------------------------------------------------------------------
 
 
-def _read_metadata(storage: Storage, name: str) -> tuple[Metadata, dict[str, str]]:
-    """One metadata file, its tables checked; and the keys it describes in a way that
-    cannot be genuine, each with why."""
-    data = storage.read(name)
+def _read(storage: Storage, files: list[str], referrer: str) -> MetadataEntries:
+    """The entries the metadata files describe: one sound ``.metadata`` read straight into
+    them (safe_pickle.direct); any other, or per-rank files, unpickled, merged, and their
+    entries built by _table.c and Python (this path names every problem)."""
+    first = storage.read(files[0])
+    if len(files) == 1:
+        found = direct.metadata_entries(
+            first, lambda names: file_sizes(storage, names, referrer=referrer)
+        )
+        if found is not None:
+            return found
+    raw, problems = _merge(
+        [
+            _read_metadata(storage, name, storage.read(name) if i else first)
+            for i, name in enumerate(files)
+        ],
+        referrer,
+    )
+    entries = _entries(raw, problems, storage, referrer)
+    checkpoint_id = getattr(getattr(raw, "storage_meta", None), "checkpoint_id", None)
+    return MetadataEntries(
+        entries, isinstance(raw.planner_data, dict), getattr(raw, "version", None), checkpoint_id
+    )
+
+
+def _read_metadata(storage: Storage, name: str, data: bytes) -> tuple[Metadata, dict[str, str]]:
+    """One metadata file (``data``), its tables checked; and the keys it describes in a way
+    that cannot be genuine, each with why."""
     metadata = safe_pickle.load_metadata(data, file=storage.describe(name))
     for table in ("state_dict_metadata", "storage_data"):
         if not isinstance(getattr(metadata, table, None), dict):

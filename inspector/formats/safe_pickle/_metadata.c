@@ -1,0 +1,1158 @@
+/* A DCP .metadata pickle read straight into the reader's entries, for the common case.
+ *
+ * entries(data, file_sizes, consts) runs pickle's opcodes over plain C nodes (no Python
+ * object is made while decoding, nothing is resolved or called), then builds the Entry of
+ * every key. It only ever accepts: a protocol 4-5 pickle of the opcodes torch's pickler
+ * writes for Metadata, naming only the metadata globals, whose tables are all sound (every
+ * key a tensor or object with one well-formed storage record per chunk, inside its file,
+ * the chunks tiling the shape; no record or key given twice, no list shared). For anything
+ * else it returns None and the caller decodes the file with the unpickler and builds the
+ * entries in Python, which names the problem. So None is never a verdict, and what it
+ * returns is what that path would build (tests/formats/test_metadata_decoder.py compares
+ * the two on genuine, mutated and random files).
+ *
+ * file_sizes(names: set[str]) -> {name: size} is called once, with every file the storage
+ * records name. consts: ({torch.<name>: dtype name}, ChunkInfo, Entry, layout_problem).
+ * Returns (entries, planner_data is a dict, version, checkpoint_id), where checkpoint_id is
+ * None, a str, or ("posix" | "windows", parts) for a pickled path.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DIMS 64
+#define MAX_INT (1LL << 62)
+#define MAX_PATH_INDEX (1LL << 20)
+#define MAX_PATH 64
+#define MAX_FIELDS 6
+#define UNSET UINT32_MAX
+/* Fixed nodes: the singletons pickle pushes. */
+#define NONE_ID 0
+#define TRUE_ID 1
+#define FALSE_ID 2
+#define EMPTY_ID 3
+#define LAYOUT_ID 4
+
+enum { K_NONE, K_TRUE, K_FALSE, K_INT, K_STR, K_TUPLE, K_LIST, K_DICT, K_CLASS, K_FUNC,
+       K_DTYPE, K_OBJ, K_LAYOUT, K_PATH };
+enum { C_METADATA, C_INDEX, C_TENSOR, C_BYTES, C_CHUNK, C_PROPERTIES, C_STORAGE_META,
+       C_STORAGE_INFO, N_CLASSES };
+enum { F_SIZE, F_LAYOUT, F_MEMORY_FORMAT, F_POSIX, F_WINDOWS };
+enum { DECLINE = 1, FAIL = -1 };
+
+/* Field names of each class, in slot order (the stand-ins' in metadata.py). */
+static const char *const FIELDS[N_CLASSES][MAX_FIELDS] = {
+    {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version",
+     "all_local_plans"},
+    {"fqn", "offset", "index"},
+    {"properties", "size", "chunks"},
+    {NULL},
+    {"offsets", "sizes"},
+    {"dtype", "layout", "requires_grad", "memory_format", "pin_memory"},
+    {"checkpoint_id", "save_id", "load_id", "modules"},
+    {"relative_path", "offset", "length", "transform_descriptors"},
+};
+static const char *const CLASS_NAMES[N_CLASSES] = {
+    "Metadata", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
+    "ChunkStorageMetadata", "TensorProperties", "StorageMeta", "_StorageInfo"};
+
+/* A decoded value. Tuples, lists and dicts hold their items (dicts: key, value pairs) at
+ * pool[a .. a + b); an object holds MAX_FIELDS slots at pool[a]; a string is data[a .. a + b);
+ * a path's parts are the tuple node a. */
+typedef struct {
+    uint8_t kind, sub;
+    uint32_t a, b, cap;
+    int64_t i;
+} Node;
+
+typedef struct {
+    const unsigned char *data;
+    size_t size, pos, op, frame_end; /* op: where the opcode being run starts */
+    Node *nodes;
+    size_t n_nodes, cap_nodes;
+    uint32_t *pool, *stack, *memo;
+    size_t n_pool, cap_pool, n_stack, cap_stack, n_memo, cap_memo;
+    size_t *marks;
+    size_t n_marks, cap_marks;
+    long long path_budget;
+    PyObject *dtypes; /* {torch.<name>: dtype name} */
+    uint64_t *hashes; /* of each string node's text, once found (see text_hash) */
+    uint32_t field_names[N_CLASSES][MAX_FIELDS]; /* the string node last found naming each */
+} Vm;
+
+static int
+grow(void **items, size_t *cap, size_t need, size_t item)
+{
+    if (need <= *cap) return 0;
+    size_t wanted = *cap ? *cap : 64;
+    while (wanted < need) wanted *= 2;
+    void *bigger = PyMem_Realloc(*items, wanted * item);
+    if (bigger == NULL) {
+        PyErr_NoMemory();
+        return FAIL;
+    }
+    *items = bigger;
+    *cap = wanted;
+    return 0;
+}
+
+static int
+reserve(Vm *vm)
+{
+    if (grow((void **)&vm->nodes, &vm->cap_nodes, vm->size / 6 + 64, sizeof(Node))
+        || grow((void **)&vm->memo, &vm->cap_memo, vm->size / 8 + 64, sizeof(uint32_t))
+        || grow((void **)&vm->pool, &vm->cap_pool, vm->size / 3 + 64, sizeof(uint32_t)))
+        return FAIL;
+    return 0;
+}
+
+static int
+new_node(Vm *vm, uint8_t kind, uint32_t *id)
+{
+    if (grow((void **)&vm->nodes, &vm->cap_nodes, vm->n_nodes + 1, sizeof(Node))) return FAIL;
+    if (vm->n_nodes >= UNSET) return DECLINE;
+    vm->nodes[vm->n_nodes] = (Node){kind, 0, 0, 0, 0, 0};
+    *id = (uint32_t)vm->n_nodes++;
+    return 0;
+}
+
+/* n pool slots, their start in *at. */
+static int
+take(Vm *vm, size_t n, uint32_t *at)
+{
+    if (grow((void **)&vm->pool, &vm->cap_pool, vm->n_pool + n, sizeof(uint32_t))) return FAIL;
+    if (vm->n_pool + n >= UNSET) return DECLINE;
+    *at = (uint32_t)vm->n_pool;
+    vm->n_pool += n;
+    return 0;
+}
+
+static int
+push(Vm *vm, uint32_t id)
+{
+    if (grow((void **)&vm->stack, &vm->cap_stack, vm->n_stack + 1, sizeof(uint32_t))) return FAIL;
+    vm->stack[vm->n_stack++] = id;
+    return 0;
+}
+
+/* Items above the last mark (pickle's fence: nothing below it may be popped). */
+static size_t
+above_fence(const Vm *vm)
+{
+    return vm->n_stack - (vm->n_marks ? vm->marks[vm->n_marks - 1] : 0);
+}
+
+static int
+valid_utf8(const unsigned char *s, size_t n)
+{
+    /* UTF-8 as pickle decodes it ("surrogatepass": encoded surrogates are accepted). */
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+        if (len == 0 || c > 0xF4 || i + len > n) return 0;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return 0;
+        }
+        if ((c == 0xE0 && s[i + 1] < 0xA0) || (c == 0xF0 && s[i + 1] < 0x90)
+            || (c == 0xF4 && s[i + 1] > 0x8F))
+            return 0;
+        i += len;
+    }
+    return 1;
+}
+
+static size_t
+code_points(const unsigned char *s, size_t n)
+{
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) count += (s[i] & 0xC0) != 0x80;
+    return count;
+}
+
+static int
+same_text(const Vm *vm, uint32_t id, const char *text)
+{
+    const Node *node = &vm->nodes[id];
+    size_t n = strlen(text);
+    return node->kind == K_STR && node->b == n && memcmp(vm->data + node->a, text, n) == 0;
+}
+
+/* The next n argument bytes of the opcode being run, inside the data and its frame. */
+static const unsigned char *
+argument(Vm *vm, size_t n)
+{
+    size_t at = vm->pos;
+    if (n > vm->size - at) return NULL;
+    if (vm->op < vm->frame_end && at + n > vm->frame_end) return NULL;
+    vm->pos = at + n;
+    return vm->data + at;
+}
+
+static uint64_t
+little(const unsigned char *p, size_t n)
+{
+    uint64_t value = 0;
+    for (size_t k = n; k > 0; k--) value = value << 8 | p[k - 1];
+    return value;
+}
+
+static int
+push_int(Vm *vm, int64_t value)
+{
+    uint32_t id;
+    int status = new_node(vm, K_INT, &id);
+    if (status) return status;
+    vm->nodes[id].i = value;
+    return push(vm, id);
+}
+
+static int
+push_string(Vm *vm, size_t width)
+{
+    const unsigned char *p = argument(vm, width);
+    if (p == NULL) return DECLINE;
+    uint64_t n = little(p, width);
+    const unsigned char *text = n <= UINT32_MAX ? argument(vm, (size_t)n) : NULL;
+    if (text == NULL || !valid_utf8(text, (size_t)n)) return DECLINE;
+    uint32_t id;
+    int status = new_node(vm, K_STR, &id);
+    if (status) return status;
+    vm->nodes[id].a = (uint32_t)(text - vm->data);
+    vm->nodes[id].b = (uint32_t)n;
+    return push(vm, id);
+}
+
+static int
+push_tuple(Vm *vm, size_t n)
+{
+    if (n == 0) return push(vm, EMPTY_ID);
+    uint32_t id, at;
+    int status = new_node(vm, K_TUPLE, &id);
+    if (status || (status = take(vm, n, &at))) return status;
+    memcpy(vm->pool + at, vm->stack + vm->n_stack - n, n * sizeof(uint32_t));
+    vm->n_stack -= n;
+    vm->nodes[id].a = at;
+    vm->nodes[id].b = (uint32_t)n;
+    return push(vm, id);
+}
+
+/* Resolves STACK_GLOBAL's (module, name) to a metadata global, as policy.metadata_global
+ * does for the names genuine metadata uses; DECLINE for any other. */
+static int
+global(Vm *vm, uint32_t module, uint32_t name)
+{
+    uint8_t kind = K_CLASS, sub = 0;
+    int64_t value = 0;
+    if (same_text(vm, module, "torch.distributed.checkpoint.metadata")) {
+        if (same_text(vm, name, "_MEM_FORMAT_ENCODING")) kind = K_FUNC, sub = F_MEMORY_FORMAT;
+        else {
+            for (sub = 0; sub < C_STORAGE_INFO && !same_text(vm, name, CLASS_NAMES[sub]); sub++);
+            if (sub == C_STORAGE_INFO) return DECLINE;
+        }
+    } else if (same_text(vm, module, "torch.distributed.checkpoint.filesystem")) {
+        if (!same_text(vm, name, "_StorageInfo")) return DECLINE;
+        sub = C_STORAGE_INFO;
+    } else if (same_text(vm, module, "torch.serialization")) {
+        if (!same_text(vm, name, "_get_layout")) return DECLINE;
+        kind = K_FUNC, sub = F_LAYOUT;
+    } else if (same_text(vm, module, "pathlib") || same_text(vm, module, "pathlib._local")) {
+        kind = K_FUNC;
+        if (same_text(vm, name, "PosixPath") || same_text(vm, name, "PurePosixPath")
+            || same_text(vm, name, "Path"))
+            sub = F_POSIX;
+        else if (same_text(vm, name, "WindowsPath") || same_text(vm, name, "PureWindowsPath"))
+            sub = F_WINDOWS;
+        else return DECLINE;
+    } else if (same_text(vm, module, "torch")) {
+        if (same_text(vm, name, "Size")) {
+            kind = K_FUNC, sub = F_SIZE;
+        } else {
+            const Node *n = &vm->nodes[name];
+            if (n->kind != K_STR) return DECLINE;
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)vm->data + n->a, n->b,
+                                                  "surrogatepass");
+            if (text == NULL) return FAIL;
+            PyObject *found = PyDict_GetItemWithError(vm->dtypes, text);
+            Py_DECREF(text);
+            if (found == NULL) return PyErr_Occurred() ? FAIL : DECLINE;
+            kind = K_DTYPE;
+            value = name; /* the node holding the name, looked up again when built */
+        }
+    } else {
+        return DECLINE;
+    }
+    uint32_t id;
+    int status = new_node(vm, kind, &id);
+    if (status) return status;
+    vm->nodes[id].sub = sub;
+    vm->nodes[id].i = value;
+    return push(vm, id);
+}
+
+static int
+reduce(Vm *vm, uint32_t callable, uint32_t args)
+{
+    const Node *f = &vm->nodes[callable], *t = &vm->nodes[args];
+    if (f->kind != K_FUNC || (t->kind != K_TUPLE && args != EMPTY_ID)) return DECLINE;
+    const uint32_t *items = vm->pool + t->a;
+    uint32_t n = args == EMPTY_ID ? 0 : t->b, id;
+    if (f->sub == F_SIZE) { /* ().__add__(tuple): that same tuple */
+        if (n != 1 || (vm->nodes[items[0]].kind != K_TUPLE && items[0] != EMPTY_ID))
+            return DECLINE;
+        return push(vm, items[0]);
+    }
+    if (f->sub == F_LAYOUT)
+        return n == 1 && same_text(vm, items[0], "torch.strided") ? push(vm, LAYOUT_ID) : DECLINE;
+    if (f->sub == F_MEMORY_FORMAT) { /* the code itself, 0, 1 or 2 */
+        const Node *code = &vm->nodes[items[0]];
+        return n == 1 && code->kind == K_INT && code->i >= 0 && code->i <= 2 ? push(vm, items[0])
+                                                                          : DECLINE;
+    }
+    for (uint32_t k = 0; k < n; k++) { /* a path: its parts, charged as policy charges them */
+        const Node *part = &vm->nodes[items[k]];
+        if (part->kind != K_STR) return DECLINE;
+        vm->path_budget -= (long long)code_points(vm->data + part->a, part->b);
+        if (vm->path_budget < 0) return DECLINE;
+    }
+    int status = new_node(vm, K_PATH, &id);
+    if (status) return status;
+    vm->nodes[id].sub = f->sub;
+    vm->nodes[id].a = args;
+    return push(vm, id);
+}
+
+static int
+field_index(Vm *vm, int cls, uint32_t name)
+{
+    for (int k = 0; k < MAX_FIELDS && FIELDS[cls][k] != NULL; k++) {
+        if (vm->field_names[cls][k] == name) return k; /* its memoised name, seen before */
+    }
+    for (int k = 0; k < MAX_FIELDS && FIELDS[cls][k] != NULL; k++) {
+        if (same_text(vm, name, FIELDS[cls][k])) {
+            vm->field_names[cls][k] = name;
+            return k;
+        }
+    }
+    return -1;
+}
+
+/* BUILD: a dict state updates the instance's fields; TensorProperties also takes torch's
+ * 5-tuple. Anything else, or a field the class has not, is declined. */
+static int
+build(Vm *vm, uint32_t inst, uint32_t state)
+{
+    const Node *obj = &vm->nodes[inst], *s = &vm->nodes[state];
+    if (obj->kind != K_OBJ) return DECLINE;
+    uint32_t *fields = vm->pool + obj->a;
+    if (obj->sub == C_PROPERTIES && s->kind == K_TUPLE && s->b == 5) {
+        memcpy(fields, vm->pool + s->a, 5 * sizeof(uint32_t));
+        return 0;
+    }
+    if (s->kind != K_DICT) return DECLINE;
+    for (uint32_t k = 0; k < s->b; k += 2) {
+        int at = field_index(vm, obj->sub, vm->pool[s->a + k]);
+        if (at < 0) return DECLINE;
+        fields[at] = vm->pool[s->a + k + 1];
+    }
+    return 0;
+}
+
+/* Adds n stack items to the list or dict at stack[at - 1] (n even for a dict). */
+static int
+extend(Vm *vm, size_t at, size_t n)
+{
+    Node *c = &vm->nodes[vm->stack[at - 1]];
+    if (c->kind != K_LIST && c->kind != K_DICT) return DECLINE;
+    if (c->kind == K_DICT) {
+        if (n % 2) return DECLINE;
+        for (size_t k = at; k < at + n; k += 2) { /* keys Python can hash, of kinds read here */
+            uint8_t kind = vm->nodes[vm->stack[k]].kind;
+            if (kind != K_STR && kind != K_INT && kind != K_OBJ && kind > K_FALSE) return DECLINE;
+        }
+    }
+    if (c->b + n > c->cap) {
+        uint32_t moved;
+        size_t cap = c->cap * 2 > c->b + n ? c->cap * 2 : c->b + n;
+        if (cap >= UNSET) return DECLINE;
+        int status = take(vm, cap, &moved);
+        if (status) return status;
+        c = &vm->nodes[vm->stack[at - 1]];
+        memcpy(vm->pool + moved, vm->pool + c->a, c->b * sizeof(uint32_t));
+        c->a = moved;
+        c->cap = (uint32_t)cap;
+    }
+    memcpy(vm->pool + c->a + c->b, vm->stack + at, n * sizeof(uint32_t));
+    c->b += (uint32_t)n;
+    vm->n_stack = at;
+    return 0;
+}
+
+/* Pops the last mark: the stack height it stood at, in *at; DECLINE without one, or when
+ * the container the opcode adds to would lie below the mark before it. */
+static int
+pop_mark(Vm *vm, size_t *at, int container)
+{
+    if (vm->n_marks == 0) return DECLINE;
+    *at = vm->marks[--vm->n_marks];
+    size_t fence = vm->n_marks ? vm->marks[vm->n_marks - 1] : 0;
+    return container && *at <= fence ? DECLINE : 0;
+}
+
+static int
+step(Vm *vm, int *done)
+{
+    const unsigned char *p;
+    unsigned char op = vm->data[vm->pos];
+    uint32_t id, a, b;
+    size_t at;
+    int status;
+    vm->op = vm->pos++;
+    switch (op) {
+    case 0x80: /* PROTO */
+        if (vm->op != 0 || (p = argument(vm, 1)) == NULL || (*p != 4 && *p != 5)) return DECLINE;
+        return 0;
+    case 0x95: /* FRAME: at an opcode boundary outside any frame, inside the data */
+        if (vm->op < vm->frame_end || (p = argument(vm, 8)) == NULL) return DECLINE;
+        if (little(p, 8) > vm->size - vm->pos) return DECLINE;
+        vm->frame_end = vm->pos + (size_t)little(p, 8);
+        return 0;
+    case 0x8c: return push_string(vm, 1); /* SHORT_BINUNICODE */
+    case 'X': return push_string(vm, 4);  /* BINUNICODE */
+    case 0x8d: return push_string(vm, 8); /* BINUNICODE8 */
+    case 0x94: /* MEMOIZE */
+        if (vm->n_stack == 0) return DECLINE;
+        if (grow((void **)&vm->memo, &vm->cap_memo, vm->n_memo + 1, sizeof(uint32_t)))
+            return FAIL;
+        vm->memo[vm->n_memo++] = vm->stack[vm->n_stack - 1];
+        return 0;
+    case 'h': /* BINGET */
+    case 'j': /* LONG_BINGET */
+        if ((p = argument(vm, op == 'h' ? 1 : 4)) == NULL) return DECLINE;
+        at = (size_t)little(p, op == 'h' ? 1 : 4);
+        return at < vm->n_memo ? push(vm, vm->memo[at]) : DECLINE;
+    case 'K': /* BININT1 */
+        return (p = argument(vm, 1)) ? push_int(vm, p[0]) : DECLINE;
+    case 'M': /* BININT2 */
+        return (p = argument(vm, 2)) ? push_int(vm, (int64_t)little(p, 2)) : DECLINE;
+    case 'J': /* BININT */
+        return (p = argument(vm, 4)) ? push_int(vm, (int32_t)(uint32_t)little(p, 4)) : DECLINE;
+    case 0x8a: /* LONG1: up to 8 bytes, two's complement */
+        if ((p = argument(vm, 1)) == NULL || *p > 8) return DECLINE;
+        at = *p;
+        if ((p = argument(vm, at)) == NULL) return DECLINE;
+        if (at == 0) return push_int(vm, 0);
+        {
+            uint64_t raw = little(p, at);
+            if (at < 8 && (p[at - 1] & 0x80)) raw |= ~(uint64_t)0 << (8 * at);
+            return push_int(vm, (int64_t)raw);
+        }
+    case 'N': return push(vm, NONE_ID);
+    case 0x88: return push(vm, TRUE_ID);
+    case 0x89: return push(vm, FALSE_ID);
+    case ')': return push(vm, EMPTY_ID);
+    case 0x85: /* TUPLE1, TUPLE2, TUPLE3 */
+    case 0x86:
+    case 0x87:
+        return above_fence(vm) < (size_t)(op - 0x84) ? DECLINE : push_tuple(vm, op - 0x84);
+    case '(': /* MARK */
+        if (grow((void **)&vm->marks, &vm->cap_marks, vm->n_marks + 1, sizeof(size_t)))
+            return FAIL;
+        vm->marks[vm->n_marks++] = vm->n_stack;
+        return 0;
+    case 't': /* TUPLE */
+        if ((status = pop_mark(vm, &at, 0))) return status;
+        return push_tuple(vm, vm->n_stack - at);
+    case ']': /* EMPTY_LIST */
+    case '}': /* EMPTY_DICT */
+        if ((status = new_node(vm, op == ']' ? K_LIST : K_DICT, &id))) return status;
+        return push(vm, id);
+    case 'a': /* APPEND */
+        if (above_fence(vm) < 2 || vm->nodes[vm->stack[vm->n_stack - 2]].kind != K_LIST)
+            return DECLINE;
+        return extend(vm, vm->n_stack - 1, 1);
+    case 's': /* SETITEM */
+        if (above_fence(vm) < 3 || vm->nodes[vm->stack[vm->n_stack - 3]].kind != K_DICT)
+            return DECLINE;
+        return extend(vm, vm->n_stack - 2, 2);
+    case 'e': /* APPENDS */
+    case 'u': /* SETITEMS */
+        if ((status = pop_mark(vm, &at, 1))) return status;
+        if (vm->nodes[vm->stack[at - 1]].kind != (op == 'e' ? K_LIST : K_DICT)) return DECLINE;
+        return extend(vm, at, vm->n_stack - at);
+    case 0x81: /* NEWOBJ: a metadata class, no arguments */
+        if (above_fence(vm) < 2) return DECLINE;
+        a = vm->stack[vm->n_stack - 2], b = vm->stack[vm->n_stack - 1];
+        if (vm->nodes[a].kind != K_CLASS || b != EMPTY_ID) return DECLINE;
+        if ((status = new_node(vm, K_OBJ, &id)) || (status = take(vm, MAX_FIELDS, &a)))
+            return status;
+        vm->nodes[id].sub = vm->nodes[vm->stack[vm->n_stack - 2]].sub;
+        vm->nodes[id].a = a;
+        for (int k = 0; k < MAX_FIELDS; k++) vm->pool[a + k] = UNSET;
+        vm->n_stack -= 2;
+        return push(vm, id);
+    case 'R': /* REDUCE */
+        if (above_fence(vm) < 2) return DECLINE;
+        a = vm->stack[vm->n_stack - 2], b = vm->stack[vm->n_stack - 1];
+        vm->n_stack -= 2;
+        return reduce(vm, a, b);
+    case 'b': /* BUILD */
+        if (above_fence(vm) < 2) return DECLINE;
+        b = vm->stack[--vm->n_stack];
+        return build(vm, vm->stack[vm->n_stack - 1], b);
+    case 0x93: /* STACK_GLOBAL */
+        if (above_fence(vm) < 2) return DECLINE;
+        a = vm->stack[vm->n_stack - 2], b = vm->stack[vm->n_stack - 1];
+        vm->n_stack -= 2;
+        return global(vm, a, b);
+    case '.': /* STOP: the last byte, the stack holding the value alone */
+        if (vm->pos != vm->size || vm->n_stack != 1 || vm->n_marks) return DECLINE;
+        *done = 1;
+        return 0;
+    default:
+        return DECLINE;
+    }
+}
+
+/* --- the entries, from the decoded nodes ------------------------------------------------ */
+
+typedef struct {
+    PyObject *dtypes, *layout_problem;
+    PyTypeObject *chunk_info, *entry;
+} Consts;
+
+static PyObject *s_key, *s_kind, *s_dtype, *s_shape, *s_chunks, *s_nested_path, *s_component,
+    *s_error, *s_tensor, *s_object, *s_other, *s_posix, *s_windows;
+
+/* An open-addressing table of (string node, offsets node or UNSET) -> value node. */
+typedef struct {
+    uint64_t hash;
+    uint32_t key, offsets, value;
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    size_t mask;
+} Table;
+
+typedef struct {
+    Vm *vm;
+    const Consts *c;
+    PyObject **texts; /* the str of each string node, made once */
+    uint8_t *used;    /* chunk lists already given to a key */
+    Table records, keys, planner;
+    PyObject *sizes;
+    int has_planner;
+} Build;
+
+static uint64_t
+text_hash(Vm *vm, uint32_t id)
+{
+    if (vm->hashes[id]) return vm->hashes[id];
+    const Node *n = &vm->nodes[id];
+    const unsigned char *p = vm->data + n->a;
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ n->b, word;
+    uint32_t k = 0;
+    for (; k + 8 <= n->b; k += 8) {
+        memcpy(&word, p + k, 8);
+        h = (h ^ word) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 29;
+    }
+    for (; k < n->b; k++) h = (h ^ p[k]) * 0x100000001B3ULL;
+    return vm->hashes[id] = h | 1; /* 0 marks "not hashed yet" */
+}
+
+static uint64_t
+ints_hash(const Vm *vm, uint32_t id)
+{
+    if (id == UNSET) return 0x9E3779B97F4A7C15ULL;
+    const Node *t = &vm->nodes[id];
+    uint64_t h = 7;
+    for (uint32_t k = 0; id != EMPTY_ID && k < t->b; k++)
+        h = (h ^ (uint64_t)vm->nodes[vm->pool[t->a + k]].i) * 0x100000001B3ULL + k;
+    return h;
+}
+
+static int
+same_string(const Vm *vm, uint32_t x, uint32_t y)
+{
+    const Node *a = &vm->nodes[x], *b = &vm->nodes[y];
+    return x == y || (a->b == b->b && memcmp(vm->data + a->a, vm->data + b->a, a->b) == 0);
+}
+
+static uint32_t
+length(const Vm *vm, uint32_t tuple)
+{
+    return tuple == EMPTY_ID ? 0 : vm->nodes[tuple].b;
+}
+
+static int
+same_ints(const Vm *vm, uint32_t x, uint32_t y)
+{
+    if (x == UNSET || y == UNSET) return x == y;
+    uint32_t n = length(vm, x);
+    if (n != length(vm, y)) return 0;
+    for (uint32_t k = 0; k < n; k++) {
+        if (vm->nodes[vm->pool[vm->nodes[x].a + k]].i != vm->nodes[vm->pool[vm->nodes[y].a + k]].i)
+            return 0;
+    }
+    return 1;
+}
+
+static int
+table_init(Table *t, size_t count)
+{
+    size_t n = 16;
+    while (n < 2 * count) n *= 2;
+    t->slots = PyMem_Calloc(n, sizeof(Slot));
+    t->mask = n - 1;
+    if (t->slots == NULL) {
+        PyErr_NoMemory();
+        return FAIL;
+    }
+    for (size_t k = 0; k < n; k++) t->slots[k].key = UNSET;
+    return 0;
+}
+
+/* The slot of (key, offsets): the one holding it, or the empty one where it would go. */
+static Slot *
+find(Vm *vm, const Table *t, uint32_t key, uint32_t offsets)
+{
+    uint64_t h = text_hash(vm, key) ^ ints_hash(vm, offsets);
+    h ^= h >> 33; /* mixed, so that offsets alike in their low bits spread over the table */
+    h *= 0xFF51AFD7ED558CCDULL;
+    h ^= h >> 33;
+    for (size_t k = (size_t)h & t->mask;; k = (k + 1) & t->mask) {
+        Slot *s = &t->slots[k];
+        if (s->key == UNSET) {
+            s->hash = h;
+            return s;
+        }
+        if (s->hash == h && same_string(vm, s->key, key) && same_ints(vm, s->offsets, offsets))
+            return s;
+    }
+}
+
+static PyObject *
+text(Build *b, uint32_t id)
+{
+    if (b->texts[id] == NULL) {
+        const Node *n = &b->vm->nodes[id];
+        b->texts[id] = PyUnicode_DecodeUTF8((const char *)b->vm->data + n->a, n->b,
+                                            "surrogatepass");
+    }
+    return b->texts[id];
+}
+
+static uint32_t
+field(const Vm *vm, uint32_t obj, int k)
+{
+    uint32_t value = vm->pool[vm->nodes[obj].a + k];
+    return value == UNSET ? NONE_ID : value;
+}
+
+static int
+is_obj(const Vm *vm, uint32_t id, int cls)
+{
+    return vm->nodes[id].kind == K_OBJ && vm->nodes[id].sub == cls;
+}
+
+static int
+is_tuple(const Vm *vm, uint32_t id)
+{
+    return id == EMPTY_ID || vm->nodes[id].kind == K_TUPLE;
+}
+
+/* Whether the tuple node holds only ints (in [0, MAX_INT) when `bounded`). */
+static int
+int_tuple(const Vm *vm, uint32_t id, int bounded)
+{
+    if (!is_tuple(vm, id)) return 0;
+    for (uint32_t k = 0; k < length(vm, id); k++) {
+        const Node *n = &vm->nodes[vm->pool[vm->nodes[id].a + k]];
+        if (n->kind != K_INT || (bounded && (n->i < 0 || n->i >= MAX_INT))) return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+ints(const Vm *vm, uint32_t id)
+{
+    uint32_t n = length(vm, id);
+    PyObject *t = PyTuple_New(n);
+    for (uint32_t k = 0; t != NULL && k < n; k++) {
+        PyObject *i = PyLong_FromLongLong(vm->nodes[vm->pool[vm->nodes[id].a + k]].i);
+        if (i == NULL) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, k, i);
+    }
+    return t;
+}
+
+/* Storage records by (fqn, offsets), each well-formed, none given twice; the files they
+ * name into `names`. */
+static int
+index_records(Build *b, uint32_t table, PyObject *names)
+{
+    Vm *vm = b->vm;
+    const Node *d = &vm->nodes[table];
+    if (table_init(&b->records, d->b / 2)) return FAIL;
+    for (uint32_t k = 0; k < d->b; k += 2) {
+        uint32_t index = vm->pool[d->a + k], info = vm->pool[d->a + k + 1];
+        if (!is_obj(vm, index, C_INDEX) || !is_obj(vm, info, C_STORAGE_INFO)) return DECLINE;
+        uint32_t fqn = field(vm, index, 0), offsets = field(vm, index, 1);
+        uint32_t file = field(vm, info, 0), transforms = field(vm, info, 3);
+        if (vm->nodes[fqn].kind != K_STR || vm->nodes[file].kind != K_STR) return DECLINE;
+        if (vm->nodes[field(vm, info, 1)].kind != K_INT || vm->nodes[field(vm, info, 2)].kind != K_INT)
+            return DECLINE;
+        if (offsets == NONE_ID) offsets = UNSET;
+        else if (!int_tuple(vm, offsets, 0)) return DECLINE;
+        if (transforms != NONE_ID) {
+            uint8_t kind = vm->nodes[transforms].kind;
+            if (!is_tuple(vm, transforms) && kind != K_LIST) return DECLINE;
+            for (uint32_t t = 0; t < length(vm, transforms); t++) {
+                if (vm->nodes[vm->pool[vm->nodes[transforms].a + t]].kind != K_STR) return DECLINE;
+            }
+        }
+        Slot *s = find(vm, &b->records, fqn, offsets);
+        if (s->key != UNSET) return DECLINE;
+        *s = (Slot){s->hash, fqn, offsets, info};
+        PyObject *name = text(b, file);
+        if (name == NULL || PySet_Add(names, name) < 0) return FAIL;
+    }
+    return 0;
+}
+
+static int
+index_planner(Build *b, uint32_t planner)
+{
+    Vm *vm = b->vm;
+    const Node *d = &vm->nodes[planner];
+    if (table_init(&b->planner, d->b / 2)) return FAIL;
+    for (uint32_t k = 0; k < d->b; k += 2) {
+        uint32_t key = vm->pool[d->a + k];
+        if (vm->nodes[key].kind != K_STR) continue; /* never equal to a str key */
+        Slot *s = find(vm, &b->planner, key, UNSET);
+        *s = (Slot){s->hash, key, UNSET, vm->pool[d->a + k + 1]}; /* the last one counts */
+    }
+    return 0;
+}
+
+/* reader._nested_path: a new tuple, DECLINE (NULL, no error) where Python would raise. */
+static PyObject *
+nested_path(Build *b, uint32_t key)
+{
+    Vm *vm = b->vm;
+    PyObject *name = text(b, key);
+    if (name == NULL) return NULL;
+    if (!b->has_planner) return PyTuple_New(0);
+    Slot *s = find(vm, &b->planner, key, UNSET);
+    uint32_t path = s->key == UNSET ? NONE_ID : s->value;
+    const Node *p = &vm->nodes[path];
+    if ((!is_tuple(vm, path) && p->kind != K_LIST) || length(vm, path) == 0)
+        return PyTuple_Pack(1, name);
+    if (p->b > MAX_PATH) return NULL;
+    PyObject *out = PyTuple_New(p->b);
+    for (uint32_t k = 0; out != NULL && k < p->b; k++) {
+        uint32_t part = vm->pool[p->a + k];
+        const Node *n = &vm->nodes[part];
+        PyObject *item = NULL;
+        if (n->kind == K_STR) item = Py_XNewRef(text(b, part));
+        else if (n->kind == K_INT && n->i >= 0 && n->i < MAX_PATH_INDEX)
+            item = PyLong_FromLongLong(n->i);
+        if (item == NULL) Py_CLEAR(out);
+        else PyTuple_SET_ITEM(out, k, item);
+    }
+    return out;
+}
+
+/* The ChunkInfo of the chunk at `offsets` (sizes `csizes`) of `key`, from its storage record,
+ * or NULL: DECLINE (no error) when there is none or it does not lie inside its file. */
+static PyObject *
+chunk(Build *b, uint32_t key, uint32_t offsets, PyObject *py_offsets, PyObject *py_sizes)
+{
+    Vm *vm = b->vm;
+    Slot *s = find(vm, &b->records, key, offsets);
+    if (s->key == UNSET) return NULL;
+    uint32_t info = s->value, transforms = field(vm, info, 3);
+    int64_t start = vm->nodes[field(vm, info, 1)].i, n = vm->nodes[field(vm, info, 2)].i;
+    PyObject *file = text(b, field(vm, info, 0)), *size, *result = NULL, *names = NULL;
+    if (file == NULL || start < 0 || start >= MAX_INT || n < 0 || n >= MAX_INT) return NULL;
+    size = PyDict_GetItemWithError(b->sizes, file);
+    if (size == NULL || !PyLong_CheckExact(size)) return NULL;
+    int overflow;
+    long long bytes = PyLong_AsLongLongAndOverflow(size, &overflow);
+    if (overflow || bytes < 0 || start + n > bytes) return NULL;
+    uint32_t count = transforms == NONE_ID ? 0 : length(vm, transforms);
+    if ((names = PyTuple_New(count)) == NULL) return NULL;
+    for (uint32_t k = 0; k < count; k++) {
+        PyObject *t = text(b, vm->pool[vm->nodes[transforms].a + k]);
+        if (t == NULL) goto done;
+        PyTuple_SET_ITEM(names, k, Py_NewRef(t));
+    }
+    PyObject *items[6] = {py_offsets, py_sizes, file, PyLong_FromLongLong(start),
+                          PyLong_FromLongLong(n), names};
+    if (items[3] != NULL && items[4] != NULL
+        && (result = b->c->chunk_info->tp_alloc(b->c->chunk_info, 6)) != NULL) {
+        for (int k = 0; k < 6; k++) PyTuple_SET_ITEM(result, k, Py_NewRef(items[k]));
+    }
+    Py_XDECREF(items[3]);
+    Py_XDECREF(items[4]);
+done:
+    Py_DECREF(names);
+    return result;
+}
+
+typedef struct {
+    int64_t start, size;
+} Span;
+
+static int
+by_start(const void *a, const void *b)
+{
+    int64_t x = ((const Span *)a)->start, y = ((const Span *)b)->start;
+    return (x > y) - (x < y);
+}
+
+static int64_t
+item(const Vm *vm, uint32_t tuple, uint32_t k)
+{
+    return vm->nodes[vm->pool[vm->nodes[tuple].a + k]].i;
+}
+
+/* Whether the chunks (offsets[i], sizes[i]: tuples of ndim ints in range) are the whole
+ * tensor, or split it along one dimension into pieces that cover it end to end (empty
+ * pieces anywhere inside), as dcp/_table.c's tiles(); -1 on an error. */
+static int
+tiles(const Vm *vm, uint32_t shape, const uint32_t *offsets, const uint32_t *sizes, size_t count)
+{
+    uint32_t ndim = length(vm, shape);
+    int64_t dim = -1;
+    for (size_t i = 0; i < count && dim < 0; i++) {
+        for (uint32_t d = 0; d < ndim && dim < 0; d++) {
+            if (item(vm, sizes[i], d) != item(vm, shape, d)) dim = d;
+        }
+    }
+    if (dim < 0) { /* every chunk whole: one at the origin is the tensor, more repeat it */
+        for (uint32_t d = 0; count == 1 && d < ndim; d++) {
+            if (item(vm, offsets[0], d) != 0) return 0;
+        }
+        return count == 1;
+    }
+    Span *spans = PyMem_Malloc(sizeof(Span) * (count ? count : 1));
+    if (spans == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int fine = 1;
+    for (size_t i = 0; i < count && fine; i++) {
+        for (uint32_t d = 0; d < ndim && fine; d++) {
+            int64_t at = item(vm, offsets[i], d), size = item(vm, sizes[i], d);
+            if (d == dim) spans[i] = (Span){at, size};
+            else fine = at == 0 && size == item(vm, shape, d);
+        }
+    }
+    if (fine && count) qsort(spans, count, sizeof(Span), by_start);
+    int64_t end = 0, extent = item(vm, shape, (uint32_t)dim);
+    for (size_t i = 0; i < count && fine; i++) {
+        if (spans[i].size == 0) fine = spans[i].start <= extent;
+        else if ((fine = spans[i].start == end && spans[i].size <= extent - end))
+            end += spans[i].size;
+    }
+    PyMem_Free(spans);
+    return fine && end == extent;
+}
+
+/* make_entry(key, kind, dtype, shape, chunks, nested, "other", None), through the slots. */
+static PyObject *
+make_entry(const Consts *c, PyObject *values[6])
+{
+    PyObject *names[8] = {s_key, s_kind, s_dtype, s_shape, s_chunks, s_nested_path, s_component,
+                          s_error};
+    PyObject *all[8] = {values[0], values[1], values[2], values[3], values[4], values[5],
+                        s_other, Py_None};
+    PyObject *entry = c->entry->tp_alloc(c->entry, 0);
+    for (int k = 0; entry != NULL && k < 8; k++) {
+        if (PyObject_GenericSetAttr(entry, names[k], all[k]) < 0) Py_CLEAR(entry);
+    }
+    return entry;
+}
+
+/* The tuple of a tensor key's ChunkInfos, with their tiling checked, or NULL (DECLINE when
+ * no error is set). */
+static PyObject *
+tensor_chunks(Build *b, uint32_t key, uint32_t list, uint32_t shape, PyObject *py_shape)
+{
+    Vm *vm = b->vm;
+    const Node *l = &vm->nodes[list];
+    uint32_t ndim = length(vm, shape);
+    uint32_t *boxes = PyMem_Malloc(sizeof(uint32_t) * 2 * (l->b ? l->b : 1));
+    PyObject *found = boxes ? PyTuple_New(l->b) : PyErr_NoMemory();
+    for (uint32_t k = 0; found != NULL && k < l->b; k++) {
+        uint32_t record = vm->pool[l->a + k], offsets, sizes;
+        PyObject *o = NULL, *s = NULL, *one = NULL;
+        if (is_obj(vm, record, C_CHUNK)) {
+            offsets = field(vm, record, 0), sizes = field(vm, record, 1);
+            if (int_tuple(vm, offsets, 1) && int_tuple(vm, sizes, 1) && length(vm, offsets) == ndim
+                && length(vm, sizes) == ndim && (o = ints(vm, offsets)) && (s = ints(vm, sizes)))
+                one = chunk(b, key, offsets, o, s);
+            boxes[2 * k] = offsets, boxes[2 * k + 1] = sizes;
+        }
+        Py_XDECREF(o);
+        Py_XDECREF(s);
+        if (one == NULL) Py_CLEAR(found);
+        else PyTuple_SET_ITEM(found, k, one);
+    }
+    if (found != NULL) {
+        uint32_t *offsets = PyMem_Malloc(sizeof(uint32_t) * (l->b ? l->b : 1));
+        uint32_t *sizes = offsets ? PyMem_Malloc(sizeof(uint32_t) * (l->b ? l->b : 1)) : NULL;
+        int fine = sizes ? 0 : (PyErr_NoMemory(), -1);
+        for (uint32_t k = 0; sizes && k < l->b; k++) offsets[k] = boxes[2 * k], sizes[k] = boxes[2 * k + 1];
+        if (sizes) fine = tiles(vm, shape, offsets, sizes, l->b);
+        if (fine == 0) { /* any other layout: entry.layout_problem decides */
+            PyObject *problem = PyObject_CallFunctionObjArgs(b->c->layout_problem, py_shape, found,
+                                                            NULL);
+            fine = problem == NULL ? -1 : problem == Py_None;
+            Py_XDECREF(problem);
+        }
+        PyMem_Free(offsets);
+        PyMem_Free(sizes);
+        if (fine != 1) Py_CLEAR(found);
+    }
+    PyMem_Free(boxes);
+    return found;
+}
+
+static PyObject *
+tensor_entry(Build *b, uint32_t key, uint32_t md, PyObject *nested)
+{
+    Vm *vm = b->vm;
+    uint32_t properties = field(vm, md, 0), shape = field(vm, md, 1), list = field(vm, md, 2);
+    if (!is_obj(vm, properties, C_PROPERTIES)) return NULL;
+    uint32_t dtype = field(vm, properties, 0);
+    if (vm->nodes[dtype].kind != K_DTYPE || vm->nodes[list].kind != K_LIST || b->used[list])
+        return NULL;
+    if (!int_tuple(vm, shape, 1) || length(vm, shape) > MAX_DIMS) return NULL;
+    int64_t numel = 1;
+    for (uint32_t d = 0; d < length(vm, shape); d++) {
+        int64_t n = item(vm, shape, d);
+        if (n == 0) numel = 0;
+        else if (numel && numel >= MAX_INT / n + (MAX_INT % n != 0)) return NULL;
+        else numel *= n;
+    }
+    b->used[list] = 1;
+    PyObject *name = text(b, (uint32_t)vm->nodes[dtype].i), *dtype_name, *py_shape, *found;
+    if (name == NULL) return NULL;
+    if ((dtype_name = PyDict_GetItemWithError(b->c->dtypes, name)) == NULL) return NULL;
+    if ((py_shape = ints(vm, shape)) == NULL) return NULL;
+    PyObject *result = NULL;
+    if ((found = tensor_chunks(b, key, list, shape, py_shape)) != NULL) {
+        PyObject *values[6] = {text(b, key), s_tensor, dtype_name, py_shape, found, nested};
+        result = make_entry(b->c, values);
+        Py_DECREF(found);
+    }
+    Py_DECREF(py_shape);
+    return result;
+}
+
+static PyObject *
+object_entry(Build *b, uint32_t key, PyObject *nested)
+{
+    PyObject *empty = PyTuple_New(0), *one, *found, *result = NULL;
+    if (empty == NULL) return NULL;
+    one = chunk(b, key, UNSET, empty, empty);
+    Py_DECREF(empty);
+    if (one == NULL) return NULL;
+    found = PyTuple_Pack(1, one);
+    Py_DECREF(one);
+    if (found != NULL) {
+        PyObject *values[6] = {text(b, key), s_object, Py_None, Py_None, found, nested};
+        result = make_entry(b->c, values);
+        Py_DECREF(found);
+    }
+    return result;
+}
+
+/* Every key's Entry into `out`, in table order; DECLINE at the first key Python must build. */
+static int
+all_entries(Build *b, uint32_t table, PyObject *out)
+{
+    Vm *vm = b->vm;
+    const Node *d = &vm->nodes[table];
+    if (table_init(&b->keys, d->b / 2)) return FAIL;
+    for (uint32_t k = 0; k < d->b; k += 2) {
+        uint32_t key = vm->pool[d->a + k], md = vm->pool[d->a + k + 1];
+        if (vm->nodes[key].kind != K_STR) return DECLINE;
+        Slot *s = find(vm, &b->keys, key, UNSET);
+        if (s->key != UNSET) return DECLINE;
+        *s = (Slot){s->hash, key, UNSET, md};
+        PyObject *nested = nested_path(b, key), *entry = NULL;
+        if (nested == NULL) return PyErr_Occurred() ? FAIL : DECLINE;
+        if (is_obj(vm, md, C_TENSOR)) entry = tensor_entry(b, key, md, nested);
+        else if (is_obj(vm, md, C_BYTES)) entry = object_entry(b, key, nested);
+        Py_DECREF(nested);
+        if (entry == NULL) return PyErr_Occurred() ? FAIL : DECLINE;
+        int status = PyList_Append(out, entry);
+        Py_DECREF(entry);
+        if (status < 0) return FAIL;
+    }
+    return 0;
+}
+
+/* storage_meta.checkpoint_id: None, a str, or (kind, parts) for a path; NULL: DECLINE. */
+static PyObject *
+checkpoint_id(Build *b, uint32_t meta)
+{
+    Vm *vm = b->vm;
+    if (meta == NONE_ID) Py_RETURN_NONE;
+    if (!is_obj(vm, meta, C_STORAGE_META)) return NULL;
+    uint32_t id = field(vm, meta, 0);
+    const Node *n = &vm->nodes[id];
+    if (id == NONE_ID) Py_RETURN_NONE;
+    if (n->kind == K_STR) return Py_XNewRef(text(b, id));
+    if (n->kind != K_PATH) return NULL;
+    uint32_t count = length(vm, n->a);
+    PyObject *parts = PyTuple_New(count);
+    for (uint32_t k = 0; parts != NULL && k < count; k++) {
+        PyObject *part = text(b, vm->pool[vm->nodes[n->a].a + k]);
+        if (part == NULL) Py_CLEAR(parts);
+        else PyTuple_SET_ITEM(parts, k, Py_NewRef(part));
+    }
+    if (parts == NULL) return NULL;
+    PyObject *result = PyTuple_Pack(2, n->sub == F_POSIX ? s_posix : s_windows, parts);
+    Py_DECREF(parts);
+    return result;
+}
+
+static PyObject *
+finish(Vm *vm, const Consts *c, PyObject *file_sizes, uint32_t root, int *status)
+{
+    Build b = {vm, c, NULL, NULL, {NULL, 0}, {NULL, 0}, {NULL, 0}, NULL, 0};
+    PyObject *names = NULL, *entries = NULL, *id = NULL, *result = NULL, *version;
+    *status = DECLINE;
+    if (!is_obj(vm, root, C_METADATA)) return NULL;
+    uint32_t table = field(vm, root, 0), planner = field(vm, root, 1), storage = field(vm, root, 2);
+    uint32_t meta = field(vm, root, 3), version_id = field(vm, root, 4);
+    if (vm->nodes[table].kind != K_DICT || vm->nodes[storage].kind != K_DICT
+        || field(vm, root, 5) != NONE_ID || (planner != NONE_ID && vm->nodes[planner].kind != K_DICT)
+        || (version_id != NONE_ID && vm->nodes[version_id].kind != K_STR))
+        return NULL;
+    b.has_planner = planner != NONE_ID;
+    b.texts = PyMem_Calloc(vm->n_nodes, sizeof(PyObject *));
+    b.used = PyMem_Calloc(vm->n_nodes, 1);
+    vm->hashes = PyMem_Calloc(vm->n_nodes, sizeof(uint64_t));
+    if (b.texts == NULL || b.used == NULL || vm->hashes == NULL) {
+        PyErr_NoMemory();
+        *status = FAIL;
+        goto done;
+    }
+    if ((names = PySet_New(NULL)) == NULL || (entries = PyList_New(0)) == NULL) goto fail;
+    if ((*status = index_records(&b, storage, names))) goto done;
+    if (b.has_planner && (*status = index_planner(&b, planner))) goto done;
+    if ((id = checkpoint_id(&b, meta)) == NULL) {
+        *status = PyErr_Occurred() ? FAIL : DECLINE;
+        goto done;
+    }
+    if ((b.sizes = PyObject_CallOneArg(file_sizes, names)) == NULL) goto fail;
+    if (!PyDict_CheckExact(b.sizes)) {
+        PyErr_SetString(PyExc_TypeError, "file_sizes must return a dict");
+        goto fail;
+    }
+    if ((*status = all_entries(&b, table, entries))) goto done;
+    version = version_id == NONE_ID ? Py_None : text(&b, version_id);
+    if (version == NULL) goto fail;
+    result = Py_BuildValue("(OOOO)", entries, b.has_planner ? Py_True : Py_False, version, id);
+    if (result == NULL) goto fail;
+    *status = 0;
+    goto done;
+fail:
+    *status = FAIL;
+done:
+    for (size_t k = 0; b.texts != NULL && k < vm->n_nodes; k++) Py_XDECREF(b.texts[k]);
+    PyMem_Free(b.texts);
+    PyMem_Free(b.used);
+    PyMem_Free(vm->hashes);
+    PyMem_Free(b.records.slots);
+    PyMem_Free(b.keys.slots);
+    PyMem_Free(b.planner.slots);
+    Py_XDECREF(b.sizes);
+    Py_XDECREF(names);
+    Py_XDECREF(entries);
+    Py_XDECREF(id);
+    return result;
+}
+
+static PyObject *
+entries(PyObject *self, PyObject *args)
+{
+    Py_buffer data;
+    PyObject *file_sizes, *consts, *result = NULL;
+    Consts c;
+    if (!PyArg_ParseTuple(args, "y*OO!:entries", &data, &file_sizes, &PyTuple_Type, &consts))
+        return NULL;
+    if (!PyArg_ParseTuple(consts, "O!O!O!O:consts", &PyDict_Type, &c.dtypes, &PyType_Type,
+                          &c.chunk_info, &PyType_Type, &c.entry, &c.layout_problem)) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    Vm vm = {0};
+    vm.data = data.buf;
+    vm.size = (size_t)data.len;
+    vm.path_budget = 4LL * data.len + (1LL << 20); /* safe_pickle.budget's limit */
+    vm.dtypes = c.dtypes;
+    memset(vm.field_names, 0xFF, sizeof(vm.field_names));
+    /* Room for what genuine metadata of its size holds (a node per 7-10 bytes), so that
+     * growing seldom copies. */
+    int status = reserve(&vm), done = 0;
+    uint32_t id;
+    for (int k = K_NONE; k <= K_FALSE && !status; k++) status = new_node(&vm, (uint8_t)k, &id);
+    if (!status) status = new_node(&vm, K_TUPLE, &id);
+    if (!status) status = new_node(&vm, K_LAYOUT, &id);
+    while (!status && !done) status = vm.pos < vm.size ? step(&vm, &done) : DECLINE;
+    if (!status) result = finish(&vm, &c, file_sizes, vm.stack[0], &status);
+    PyMem_Free(vm.nodes);
+    PyMem_Free(vm.pool);
+    PyMem_Free(vm.stack);
+    PyMem_Free(vm.memo);
+    PyMem_Free(vm.marks);
+    PyBuffer_Release(&data);
+    if (status == FAIL) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    return status == DECLINE ? Py_NewRef(Py_None) : result;
+}
+
+static PyMethodDef methods[] = {
+    {"entries", entries, METH_VARARGS,
+     "entries(data, file_sizes, consts) -> (entries, planner_data is a dict, version, "
+     "checkpoint_id) | None: a sound DCP .metadata read straight into its entries; None for "
+     "anything else (the caller unpickles it)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef definition = {
+    PyModuleDef_HEAD_INIT, "_metadata", "DCP .metadata read straight into entries.", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__metadata(void)
+{
+    struct {
+        PyObject **slot;
+        const char *text;
+    } strings[] = {
+        {&s_key, "key"}, {&s_kind, "kind"}, {&s_dtype, "dtype"}, {&s_shape, "shape"},
+        {&s_chunks, "chunks"}, {&s_nested_path, "nested_path"}, {&s_component, "component"},
+        {&s_error, "error"}, {&s_tensor, "tensor"}, {&s_object, "object"}, {&s_other, "other"},
+        {&s_posix, "posix"}, {&s_windows, "windows"},
+    };
+    for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
+        if ((*strings[k].slot = PyUnicode_InternFromString(strings[k].text)) == NULL) return NULL;
+    }
+    return PyModule_Create(&definition);
+}

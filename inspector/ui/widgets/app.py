@@ -131,7 +131,8 @@ class Inspector(w.VBox):
         self.tree = TreePanel(ck, self.errors, self.tensor, self._selected)
         self.compare = ComparePanel(ck, self.errors, self.storage_options)
         self.audit = AuditPanel(ck, self.errors, self._audited)
-        self.export = ExportPanel(ck, self.errors, self.storage_options)
+        tensor_bytes = self.header.summary.tensors.nbytes
+        self.export = ExportPanel(ck, self.errors, tensor_bytes, self.storage_options)
         self.doctor = DoctorPanel(ck, self.errors, self._apply_rewrite)
         panels = [self.tree, self.compare, self.audit, self.doctor, self.export]
         self.tabs = w.Tab(children=panels, titles=TABS)

@@ -54,13 +54,14 @@ class ExportPanel(w.VBox):
         self,
         ck: Checkpoint,
         errors: ErrorBox,
+        tensor_bytes: int,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """``tensor_bytes``: the checkpoint's tensors' size (the header has counted it)."""
         self.ck = ck
         self.errors = errors
-        model_bytes = sum(e.nbytes for e in ck.entries() if e.kind == "tensor")
         self.options = ExportOptions(
-            out=str(default_out(ck)), workers=suggested_workers(model_bytes)
+            out=str(default_out(ck)), workers=suggested_workers(tensor_bytes)
         )
         self.options.target_options = dict(storage_options) if storage_options else None
         self.thread: threading.Thread | None = None

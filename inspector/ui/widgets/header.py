@@ -13,7 +13,7 @@ from inspector.checkpoint import Checkpoint
 from inspector.formats.base import Step
 from inspector.keys.tree import Totals
 from inspector.ui.views.findings import Finding, Findings, at_once, find, location_text
-from inspector.ui.views.summary import summarize
+from inspector.ui.views.summary import Summary, summarize
 from inspector.ui.views.text import human_bytes
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.jobs import JobBar
@@ -59,8 +59,9 @@ class Header(w.VBox):
     ) -> None:
         self.ck, self.actions = ck, actions
         self.findings = at_once(ck)
+        self.summary = summarize(ck)  # also the Export panel's, so counted once
         self.where = w.HTML()
-        self.totals = w.HTML(_totals(ck))
+        self.totals = w.HTML(_totals(ck, self.summary))
         self.found = w.HTML()
         self.found.add_class("inspector-findings")
         self.fp8_button = w.Button(
@@ -158,9 +159,8 @@ def _step_label(step: Step) -> str:
     return f"{number} ({step.name})" + (" - open" if step.opened else "")
 
 
-def _totals(ck: Checkpoint) -> str:
+def _totals(ck: Checkpoint, s: Summary) -> str:
     """Format, keys, parameters and bytes, files and ranks; the totals per dtype and component."""
-    s = summarize(ck)
     model = s.by_component.get("model", Totals())
     ranks = f"{s.ranks} ranks" if s.ranks else "ranks not recorded"
     line = (

@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "inspector"
 # Lowest first; a module may import its own layer and the ones below.
 LAYERS = (
     (
+        "inspector.components",
         "inspector.entry",
         "inspector.errors",
         "inspector.dtypes",

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from inspector.components import component_name
 from inspector.entry import Entry
-from inspector.keys.components import component_name
 
 VIEWS = ("stored", "flattened", "prefixed")
 MODEL_PREFIX = "model."

@@ -284,9 +284,18 @@ def tally(sums: dict[str, list[int]], name: str, numel: int, nbytes: int) -> Non
 def add_rows(
     sums: dict[str, list[int]], rows: Iterable[int], sizes: list[tuple[str, int, int]]
 ) -> dict[str, list[int]]:
-    """:func:`tally` each row's (name, numel, nbytes) from ``sizes`` into ``sums``."""
+    """:func:`tally` each row's (name, numel, nbytes) from ``sizes`` into ``sums`` (inlined:
+    this runs once per key below a node)."""
+    get = sums.get
     for row in rows:
-        tally(sums, *sizes[row])
+        name, numel, nbytes = sizes[row]
+        acc = get(name)
+        if acc is None:
+            sums[name] = [1, numel, nbytes]
+        else:
+            acc[0] += 1
+            acc[1] += numel
+            acc[2] += nbytes
     return sums
 
 

@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
+from inspector.components import component_of
 from inspector.entry import ChunkInfo, Entry, Kind, layout_problem, make_entry
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
 from inspector.formats import safe_pickle
@@ -488,11 +489,20 @@ def _read(storage: Storage, files: list[str], referrer: str) -> MetadataEntries:
         ],
         referrer,
     )
-    entries = _entries(raw, problems, storage, referrer)
+    entries = [_with_component(e) for e in _entries(raw, problems, storage, referrer)]
     checkpoint_id = getattr(getattr(raw, "storage_meta", None), "checkpoint_id", None)
     return MetadataEntries(
         entries, isinstance(raw.planner_data, dict), getattr(raw, "version", None), checkpoint_id
     )
+
+
+def _with_component(entry: Entry) -> Entry:
+    """The entry with its component, where planner_data gave its path (as the direct reader
+    builds it; keys.components guesses the others)."""
+    if not entry.nested_path:
+        return entry
+    e, component = entry, component_of(entry.kind, entry.nested_path)
+    return make_entry(e.key, e.kind, e.dtype, e.shape, e.chunks, e.nested_path, component, e.error)
 
 
 def _read_metadata(storage: Storage, name: str, data: bytes) -> tuple[Metadata, dict[str, str]]:

@@ -12,7 +12,8 @@
  * the two on genuine, mutated and random files).
  *
  * file_sizes(names: set[str]) -> {name: size} is called once, with every file the storage
- * records name. consts: ({torch.<name>: dtype name}, ChunkInfo, Entry, layout_problem).
+ * records name. consts: ({torch.<name>: dtype name}, ChunkInfo, Entry, layout_problem,
+ * components.component_of). Entries carry their component where planner_data gives paths.
  * Returns (entries, planner_data is a dict, version, checkpoint_id), where checkpoint_id is
  * None, a str, or ("posix" | "windows", parts) for a pickled path.
  */
@@ -26,6 +27,7 @@
 #define MAX_PATH_INDEX (1LL << 20)
 #define MAX_PATH 64
 #define MAX_FIELDS 6
+#define FEW 8 /* chunks per key handled without allocating */
 #define UNSET UINT32_MAX
 /* Fixed nodes: the singletons pickle pushes. */
 #define NONE_ID 0
@@ -33,6 +35,8 @@
 #define FALSE_ID 2
 #define EMPTY_ID 3
 #define LAYOUT_ID 4
+#define SMALL_ID 5 /* then the ints 0 .. SMALL_INTS - 1, one node each (most ints are small) */
+#define SMALL_INTS 256
 
 enum { K_NONE, K_TRUE, K_FALSE, K_INT, K_STR, K_TUPLE, K_LIST, K_DICT, K_CLASS, K_FUNC,
        K_DTYPE, K_OBJ, K_LAYOUT, K_PATH };
@@ -77,7 +81,6 @@ typedef struct {
     size_t n_marks, cap_marks;
     long long path_budget;
     PyObject *dtypes; /* {torch.<name>: dtype name} */
-    uint64_t *hashes; /* of each string node's text, once found (see text_hash) */
     uint32_t field_names[N_CLASSES][MAX_FIELDS]; /* the string node last found naming each */
 } Vm;
 
@@ -205,6 +208,7 @@ little(const unsigned char *p, size_t n)
 static int
 push_int(Vm *vm, int64_t value)
 {
+    if (value >= 0 && value < SMALL_INTS) return push(vm, SMALL_ID + (uint32_t)value);
     uint32_t id;
     int status = new_node(vm, K_INT, &id);
     if (status) return status;
@@ -522,22 +526,25 @@ step(Vm *vm, int *done)
 /* --- the entries, from the decoded nodes ------------------------------------------------ */
 
 typedef struct {
-    PyObject *dtypes, *layout_problem;
+    PyObject *dtypes, *layout_problem, *component_of;
     PyTypeObject *chunk_info, *entry;
 } Consts;
 
 static PyObject *s_key, *s_kind, *s_dtype, *s_shape, *s_chunks, *s_nested_path, *s_component,
-    *s_error, *s_tensor, *s_object, *s_other, *s_posix, *s_windows;
+    *s_error, *s_tensor, *s_object, *s_other, *s_posix, *s_windows, *s_extra_state;
 
-/* An open-addressing table of (string node, offsets node or UNSET) -> value node. */
+/* (string node, offsets node or UNSET) -> value node: the items in the order they were
+ * added, found through an open-addressing index of their positions (small enough to stay
+ * in cache; the items are read in about the order they were added). */
 typedef struct {
     uint64_t hash;
     uint32_t key, offsets, value;
 } Slot;
 
 typedef struct {
-    Slot *slots;
-    size_t mask;
+    Slot *items;
+    uint32_t *index;
+    size_t n, mask;
 } Table;
 
 typedef struct {
@@ -546,15 +553,16 @@ typedef struct {
     PyObject **texts; /* the str of each string node, made once */
     uint8_t *used;    /* chunk lists already given to a key */
     Table records, keys, planner;
-    PyObject *sizes;
+    PyObject *sizes, *components; /* components: {(kind, first name, parts > 1): component} */
+    PyObject *zeros[MAX_DIMS + 1]; /* the all-zero offsets of each length, made once */
     int has_planner;
 } Build;
 
 static uint64_t
 text_hash(Vm *vm, uint32_t id)
 {
-    if (vm->hashes[id]) return vm->hashes[id];
-    const Node *n = &vm->nodes[id];
+    Node *n = &vm->nodes[id];
+    if (n->i) return (uint64_t)n->i; /* a string node keeps its hash there, once found */
     const unsigned char *p = vm->data + n->a;
     uint64_t h = 0x9E3779B97F4A7C15ULL ^ n->b, word;
     uint32_t k = 0;
@@ -564,7 +572,8 @@ text_hash(Vm *vm, uint32_t id)
         h ^= h >> 29;
     }
     for (; k < n->b; k++) h = (h ^ p[k]) * 0x100000001B3ULL;
-    return vm->hashes[id] = h | 1; /* 0 marks "not hashed yet" */
+    n->i = (int64_t)(h | 1);
+    return h | 1;
 }
 
 static uint64_t
@@ -609,33 +618,54 @@ table_init(Table *t, size_t count)
 {
     size_t n = 16;
     while (n < 2 * count) n *= 2;
-    t->slots = PyMem_Calloc(n, sizeof(Slot));
+    t->items = PyMem_Malloc(sizeof(Slot) * (count ? count : 1));
+    t->index = PyMem_Malloc(sizeof(uint32_t) * n);
+    t->n = 0;
     t->mask = n - 1;
-    if (t->slots == NULL) {
+    if (t->items == NULL || t->index == NULL) {
         PyErr_NoMemory();
         return FAIL;
     }
-    for (size_t k = 0; k < n; k++) t->slots[k].key = UNSET;
+    memset(t->index, 0xFF, sizeof(uint32_t) * n);
     return 0;
 }
 
-/* The slot of (key, offsets): the one holding it, or the empty one where it would go. */
-static Slot *
-find(Vm *vm, const Table *t, uint32_t key, uint32_t offsets)
+static uint64_t
+slot_hash(Vm *vm, uint32_t key, uint32_t offsets)
 {
     uint64_t h = text_hash(vm, key) ^ ints_hash(vm, offsets);
-    h ^= h >> 33; /* mixed, so that offsets alike in their low bits spread over the table */
+    h ^= h >> 33; /* mixed, so that offsets alike in their low bits spread over the index */
     h *= 0xFF51AFD7ED558CCDULL;
-    h ^= h >> 33;
+    return h ^ h >> 33;
+}
+
+/* The item holding (key, offsets), or NULL; *at: where in the index it is, or would go. */
+static Slot *
+lookup(Vm *vm, const Table *t, uint32_t key, uint32_t offsets, size_t *at)
+{
+    uint64_t h = slot_hash(vm, key, offsets);
     for (size_t k = (size_t)h & t->mask;; k = (k + 1) & t->mask) {
-        Slot *s = &t->slots[k];
-        if (s->key == UNSET) {
-            s->hash = h;
-            return s;
-        }
+        uint32_t item = t->index[k];
+        *at = k;
+        if (item == UNSET) return NULL;
+        Slot *s = &t->items[item];
         if (s->hash == h && same_string(vm, s->key, key) && same_ints(vm, s->offsets, offsets))
             return s;
     }
+}
+
+/* The item holding (key, offsets); a new one (value UNSET) where there was none. At most as
+ * many as table_init was given can be added. */
+static Slot *
+insert(Vm *vm, Table *t, uint32_t key, uint32_t offsets)
+{
+    size_t at;
+    Slot *s = lookup(vm, t, key, offsets, &at);
+    if (s != NULL) return s;
+    t->index[at] = (uint32_t)t->n;
+    s = &t->items[t->n++];
+    *s = (Slot){slot_hash(vm, key, offsets), key, offsets, UNSET};
+    return s;
 }
 
 static PyObject *
@@ -718,9 +748,9 @@ index_records(Build *b, uint32_t table, PyObject *names)
                 if (vm->nodes[vm->pool[vm->nodes[transforms].a + t]].kind != K_STR) return DECLINE;
             }
         }
-        Slot *s = find(vm, &b->records, fqn, offsets);
-        if (s->key != UNSET) return DECLINE;
-        *s = (Slot){s->hash, fqn, offsets, info};
+        Slot *s = insert(vm, &b->records, fqn, offsets);
+        if (s->value != UNSET) return DECLINE;
+        s->value = info;
         PyObject *name = text(b, file);
         if (name == NULL || PySet_Add(names, name) < 0) return FAIL;
     }
@@ -736,8 +766,7 @@ index_planner(Build *b, uint32_t planner)
     for (uint32_t k = 0; k < d->b; k += 2) {
         uint32_t key = vm->pool[d->a + k];
         if (vm->nodes[key].kind != K_STR) continue; /* never equal to a str key */
-        Slot *s = find(vm, &b->planner, key, UNSET);
-        *s = (Slot){s->hash, key, UNSET, vm->pool[d->a + k + 1]}; /* the last one counts */
+        insert(vm, &b->planner, key, UNSET)->value = vm->pool[d->a + k + 1]; /* the last counts */
     }
     return 0;
 }
@@ -750,8 +779,9 @@ nested_path(Build *b, uint32_t key)
     PyObject *name = text(b, key);
     if (name == NULL) return NULL;
     if (!b->has_planner) return PyTuple_New(0);
-    Slot *s = find(vm, &b->planner, key, UNSET);
-    uint32_t path = s->key == UNSET ? NONE_ID : s->value;
+    size_t at;
+    Slot *s = lookup(vm, &b->planner, key, UNSET, &at);
+    uint32_t path = s == NULL ? NONE_ID : s->value;
     const Node *p = &vm->nodes[path];
     if ((!is_tuple(vm, path) && p->kind != K_LIST) || length(vm, path) == 0)
         return PyTuple_Pack(1, name);
@@ -776,8 +806,9 @@ static PyObject *
 chunk(Build *b, uint32_t key, uint32_t offsets, PyObject *py_offsets, PyObject *py_sizes)
 {
     Vm *vm = b->vm;
-    Slot *s = find(vm, &b->records, key, offsets);
-    if (s->key == UNSET) return NULL;
+    size_t at;
+    Slot *s = lookup(vm, &b->records, key, offsets, &at);
+    if (s == NULL) return NULL;
     uint32_t info = s->value, transforms = field(vm, info, 3);
     int64_t start = vm->nodes[field(vm, info, 1)].i, n = vm->nodes[field(vm, info, 2)].i;
     PyObject *file = text(b, field(vm, info, 0)), *size, *result = NULL, *names = NULL;
@@ -824,26 +855,26 @@ item(const Vm *vm, uint32_t tuple, uint32_t k)
     return vm->nodes[vm->pool[vm->nodes[tuple].a + k]].i;
 }
 
-/* Whether the chunks (offsets[i], sizes[i]: tuples of ndim ints in range) are the whole
- * tensor, or split it along one dimension into pieces that cover it end to end (empty
- * pieces anywhere inside), as dcp/_table.c's tiles(); -1 on an error. */
+/* Whether the chunks (boxes[2i], boxes[2i + 1]: offsets and sizes, tuples of ndim ints in
+ * range) are the whole tensor, or split it along one dimension into pieces that cover it end
+ * to end (empty pieces anywhere inside), as dcp/_table.c's tiles(); -1 on an error. */
 static int
-tiles(const Vm *vm, uint32_t shape, const uint32_t *offsets, const uint32_t *sizes, size_t count)
+tiles(const Vm *vm, uint32_t shape, const uint32_t *boxes, size_t count)
 {
     uint32_t ndim = length(vm, shape);
     int64_t dim = -1;
     for (size_t i = 0; i < count && dim < 0; i++) {
         for (uint32_t d = 0; d < ndim && dim < 0; d++) {
-            if (item(vm, sizes[i], d) != item(vm, shape, d)) dim = d;
+            if (item(vm, boxes[2 * i + 1], d) != item(vm, shape, d)) dim = d;
         }
     }
     if (dim < 0) { /* every chunk whole: one at the origin is the tensor, more repeat it */
         for (uint32_t d = 0; count == 1 && d < ndim; d++) {
-            if (item(vm, offsets[0], d) != 0) return 0;
+            if (item(vm, boxes[0], d) != 0) return 0;
         }
         return count == 1;
     }
-    Span *spans = PyMem_Malloc(sizeof(Span) * (count ? count : 1));
+    Span few[FEW], *spans = count <= FEW ? few : PyMem_Malloc(sizeof(Span) * count);
     if (spans == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -851,30 +882,30 @@ tiles(const Vm *vm, uint32_t shape, const uint32_t *offsets, const uint32_t *siz
     int fine = 1;
     for (size_t i = 0; i < count && fine; i++) {
         for (uint32_t d = 0; d < ndim && fine; d++) {
-            int64_t at = item(vm, offsets[i], d), size = item(vm, sizes[i], d);
+            int64_t at = item(vm, boxes[2 * i], d), size = item(vm, boxes[2 * i + 1], d);
             if (d == dim) spans[i] = (Span){at, size};
             else fine = at == 0 && size == item(vm, shape, d);
         }
     }
-    if (fine && count) qsort(spans, count, sizeof(Span), by_start);
+    if (fine) qsort(spans, count, sizeof(Span), by_start);
     int64_t end = 0, extent = item(vm, shape, (uint32_t)dim);
     for (size_t i = 0; i < count && fine; i++) {
         if (spans[i].size == 0) fine = spans[i].start <= extent;
         else if ((fine = spans[i].start == end && spans[i].size <= extent - end))
             end += spans[i].size;
     }
-    PyMem_Free(spans);
+    if (spans != few) PyMem_Free(spans);
     return fine && end == extent;
 }
 
-/* make_entry(key, kind, dtype, shape, chunks, nested, "other", None), through the slots. */
+/* make_entry(key, kind, dtype, shape, chunks, nested, component, None), through the slots. */
 static PyObject *
-make_entry(const Consts *c, PyObject *values[6])
+make_entry(const Consts *c, PyObject *values[7])
 {
     PyObject *names[8] = {s_key, s_kind, s_dtype, s_shape, s_chunks, s_nested_path, s_component,
                           s_error};
     PyObject *all[8] = {values[0], values[1], values[2], values[3], values[4], values[5],
-                        s_other, Py_None};
+                        values[6], Py_None};
     PyObject *entry = c->entry->tp_alloc(c->entry, 0);
     for (int k = 0; entry != NULL && k < 8; k++) {
         if (PyObject_GenericSetAttr(entry, names[k], all[k]) < 0) Py_CLEAR(entry);
@@ -884,13 +915,29 @@ make_entry(const Consts *c, PyObject *values[6])
 
 /* The tuple of a tensor key's ChunkInfos, with their tiling checked, or NULL (DECLINE when
  * no error is set). */
+/* The offsets (or sizes) of a chunk as a tuple: the shared zeros or the shape where they
+ * are those (as most are), else a new one. NULL on an error. */
+static PyObject *
+dims_of(Build *b, uint32_t tuple, uint32_t shape, PyObject *py_shape)
+{
+    const Vm *vm = b->vm;
+    uint32_t n = length(vm, tuple), k = 0;
+    if (same_ints(vm, tuple, shape)) return Py_NewRef(py_shape);
+    while (k < n && item(vm, tuple, k) == 0) k++;
+    if (k < n) return ints(vm, tuple);
+    if (b->zeros[n] == NULL) b->zeros[n] = ints(vm, tuple);
+    return Py_XNewRef(b->zeros[n]);
+}
+
+/* The tuple of a tensor key's ChunkInfos, with their tiling checked, or NULL (DECLINE when
+ * no error is set). */
 static PyObject *
 tensor_chunks(Build *b, uint32_t key, uint32_t list, uint32_t shape, PyObject *py_shape)
 {
     Vm *vm = b->vm;
     const Node *l = &vm->nodes[list];
-    uint32_t ndim = length(vm, shape);
-    uint32_t *boxes = PyMem_Malloc(sizeof(uint32_t) * 2 * (l->b ? l->b : 1));
+    uint32_t ndim = length(vm, shape), few[2 * FEW];
+    uint32_t *boxes = l->b <= FEW ? few : PyMem_Malloc(sizeof(uint32_t) * 2 * l->b);
     PyObject *found = boxes ? PyTuple_New(l->b) : PyErr_NoMemory();
     for (uint32_t k = 0; found != NULL && k < l->b; k++) {
         uint32_t record = vm->pool[l->a + k], offsets, sizes;
@@ -898,7 +945,8 @@ tensor_chunks(Build *b, uint32_t key, uint32_t list, uint32_t shape, PyObject *p
         if (is_obj(vm, record, C_CHUNK)) {
             offsets = field(vm, record, 0), sizes = field(vm, record, 1);
             if (int_tuple(vm, offsets, 1) && int_tuple(vm, sizes, 1) && length(vm, offsets) == ndim
-                && length(vm, sizes) == ndim && (o = ints(vm, offsets)) && (s = ints(vm, sizes)))
+                && length(vm, sizes) == ndim && (o = dims_of(b, offsets, shape, py_shape))
+                && (s = dims_of(b, sizes, shape, py_shape)))
                 one = chunk(b, key, offsets, o, s);
             boxes[2 * k] = offsets, boxes[2 * k + 1] = sizes;
         }
@@ -908,27 +956,21 @@ tensor_chunks(Build *b, uint32_t key, uint32_t list, uint32_t shape, PyObject *p
         else PyTuple_SET_ITEM(found, k, one);
     }
     if (found != NULL) {
-        uint32_t *offsets = PyMem_Malloc(sizeof(uint32_t) * (l->b ? l->b : 1));
-        uint32_t *sizes = offsets ? PyMem_Malloc(sizeof(uint32_t) * (l->b ? l->b : 1)) : NULL;
-        int fine = sizes ? 0 : (PyErr_NoMemory(), -1);
-        for (uint32_t k = 0; sizes && k < l->b; k++) offsets[k] = boxes[2 * k], sizes[k] = boxes[2 * k + 1];
-        if (sizes) fine = tiles(vm, shape, offsets, sizes, l->b);
+        int fine = tiles(vm, shape, boxes, l->b);
         if (fine == 0) { /* any other layout: entry.layout_problem decides */
             PyObject *problem = PyObject_CallFunctionObjArgs(b->c->layout_problem, py_shape, found,
                                                             NULL);
             fine = problem == NULL ? -1 : problem == Py_None;
             Py_XDECREF(problem);
         }
-        PyMem_Free(offsets);
-        PyMem_Free(sizes);
         if (fine != 1) Py_CLEAR(found);
     }
-    PyMem_Free(boxes);
+    if (boxes != few) PyMem_Free(boxes);
     return found;
 }
 
 static PyObject *
-tensor_entry(Build *b, uint32_t key, uint32_t md, PyObject *nested)
+tensor_entry(Build *b, uint32_t key, uint32_t md, PyObject *nested, PyObject *component)
 {
     Vm *vm = b->vm;
     uint32_t properties = field(vm, md, 0), shape = field(vm, md, 1), list = field(vm, md, 2);
@@ -951,7 +993,8 @@ tensor_entry(Build *b, uint32_t key, uint32_t md, PyObject *nested)
     if ((py_shape = ints(vm, shape)) == NULL) return NULL;
     PyObject *result = NULL;
     if ((found = tensor_chunks(b, key, list, shape, py_shape)) != NULL) {
-        PyObject *values[6] = {text(b, key), s_tensor, dtype_name, py_shape, found, nested};
+        PyObject *values[7] = {text(b, key), s_tensor, dtype_name, py_shape, found, nested,
+                               component};
         result = make_entry(b->c, values);
         Py_DECREF(found);
     }
@@ -960,7 +1003,7 @@ tensor_entry(Build *b, uint32_t key, uint32_t md, PyObject *nested)
 }
 
 static PyObject *
-object_entry(Build *b, uint32_t key, PyObject *nested)
+object_entry(Build *b, uint32_t key, PyObject *nested, PyObject *component)
 {
     PyObject *empty = PyTuple_New(0), *one, *found, *result = NULL;
     if (empty == NULL) return NULL;
@@ -970,11 +1013,42 @@ object_entry(Build *b, uint32_t key, PyObject *nested)
     found = PyTuple_Pack(1, one);
     Py_DECREF(one);
     if (found != NULL) {
-        PyObject *values[6] = {text(b, key), s_object, Py_None, Py_None, found, nested};
+        PyObject *values[7] = {text(b, key), s_object, Py_None, Py_None, found, nested,
+                               component};
         result = make_entry(b->c, values);
         Py_DECREF(found);
     }
     return result;
+}
+
+/* components.component_of(kind, path), asked once per (kind, first name, parts > 1) where
+ * no part can be extra state (it then depends on nothing else); "other" without a planner
+ * (keys.components guesses those paths). A new reference, or NULL on an error. */
+static PyObject *
+component_of(Build *b, PyObject *kind, PyObject *path)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(path);
+    if (n == 0) return Py_NewRef(s_other);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *part = PyTuple_GET_ITEM(path, k);
+        int extra = PyUnicode_CheckExact(part) ? PyUnicode_Contains(part, s_extra_state) : 1;
+        if (extra < 0) return NULL;
+        if (extra) return PyObject_CallFunctionObjArgs(b->c->component_of, kind, path, NULL);
+    }
+    PyObject *key = PyTuple_Pack(3, kind, n > 1 ? PyTuple_GET_ITEM(path, 0) : Py_None,
+                                 n > 1 ? Py_True : Py_False);
+    if (key == NULL) return NULL;
+    PyObject *found = PyDict_GetItemWithError(b->components, key);
+    if (found != NULL) {
+        Py_DECREF(key);
+        return Py_NewRef(found);
+    }
+    if (!PyErr_Occurred()
+        && (found = PyObject_CallFunctionObjArgs(b->c->component_of, kind, path, NULL)) != NULL
+        && PyDict_SetItem(b->components, key, found) < 0)
+        Py_CLEAR(found);
+    Py_DECREF(key);
+    return found;
 }
 
 /* Every key's Entry into `out`, in table order; DECLINE at the first key Python must build. */
@@ -987,13 +1061,19 @@ all_entries(Build *b, uint32_t table, PyObject *out)
     for (uint32_t k = 0; k < d->b; k += 2) {
         uint32_t key = vm->pool[d->a + k], md = vm->pool[d->a + k + 1];
         if (vm->nodes[key].kind != K_STR) return DECLINE;
-        Slot *s = find(vm, &b->keys, key, UNSET);
-        if (s->key != UNSET) return DECLINE;
-        *s = (Slot){s->hash, key, UNSET, md};
-        PyObject *nested = nested_path(b, key), *entry = NULL;
+        Slot *s = insert(vm, &b->keys, key, UNSET);
+        if (s->value != UNSET) return DECLINE;
+        s->value = md;
+        int tensor = is_obj(vm, md, C_TENSOR);
+        if (!tensor && !is_obj(vm, md, C_BYTES)) return DECLINE;
+        PyObject *nested = nested_path(b, key), *entry = NULL, *component;
         if (nested == NULL) return PyErr_Occurred() ? FAIL : DECLINE;
-        if (is_obj(vm, md, C_TENSOR)) entry = tensor_entry(b, key, md, nested);
-        else if (is_obj(vm, md, C_BYTES)) entry = object_entry(b, key, nested);
+        component = component_of(b, tensor ? s_tensor : s_object, nested);
+        if (component != NULL) {
+            entry = tensor ? tensor_entry(b, key, md, nested, component)
+                           : object_entry(b, key, nested, component);
+            Py_DECREF(component);
+        }
         Py_DECREF(nested);
         if (entry == NULL) return PyErr_Occurred() ? FAIL : DECLINE;
         int status = PyList_Append(out, entry);
@@ -1031,7 +1111,7 @@ checkpoint_id(Build *b, uint32_t meta)
 static PyObject *
 finish(Vm *vm, const Consts *c, PyObject *file_sizes, uint32_t root, int *status)
 {
-    Build b = {vm, c, NULL, NULL, {NULL, 0}, {NULL, 0}, {NULL, 0}, NULL, 0};
+    Build b = {vm, c, NULL, NULL, {0}, {0}, {0}, NULL, NULL, {NULL}, 0};
     PyObject *names = NULL, *entries = NULL, *id = NULL, *result = NULL, *version;
     *status = DECLINE;
     if (!is_obj(vm, root, C_METADATA)) return NULL;
@@ -1044,13 +1124,14 @@ finish(Vm *vm, const Consts *c, PyObject *file_sizes, uint32_t root, int *status
     b.has_planner = planner != NONE_ID;
     b.texts = PyMem_Calloc(vm->n_nodes, sizeof(PyObject *));
     b.used = PyMem_Calloc(vm->n_nodes, 1);
-    vm->hashes = PyMem_Calloc(vm->n_nodes, sizeof(uint64_t));
-    if (b.texts == NULL || b.used == NULL || vm->hashes == NULL) {
+    if (b.texts == NULL || b.used == NULL) {
         PyErr_NoMemory();
         *status = FAIL;
         goto done;
     }
-    if ((names = PySet_New(NULL)) == NULL || (entries = PyList_New(0)) == NULL) goto fail;
+    if ((names = PySet_New(NULL)) == NULL || (entries = PyList_New(0)) == NULL
+        || (b.components = PyDict_New()) == NULL)
+        goto fail;
     if ((*status = index_records(&b, storage, names))) goto done;
     if (b.has_planner && (*status = index_planner(&b, planner))) goto done;
     if ((id = checkpoint_id(&b, meta)) == NULL) {
@@ -1075,11 +1156,14 @@ done:
     for (size_t k = 0; b.texts != NULL && k < vm->n_nodes; k++) Py_XDECREF(b.texts[k]);
     PyMem_Free(b.texts);
     PyMem_Free(b.used);
-    PyMem_Free(vm->hashes);
-    PyMem_Free(b.records.slots);
-    PyMem_Free(b.keys.slots);
-    PyMem_Free(b.planner.slots);
+    Table *tables[3] = {&b.records, &b.keys, &b.planner};
+    for (int k = 0; k < 3; k++) {
+        PyMem_Free(tables[k]->items);
+        PyMem_Free(tables[k]->index);
+    }
     Py_XDECREF(b.sizes);
+    Py_XDECREF(b.components);
+    for (int k = 0; k <= MAX_DIMS; k++) Py_XDECREF(b.zeros[k]);
     Py_XDECREF(names);
     Py_XDECREF(entries);
     Py_XDECREF(id);
@@ -1094,8 +1178,9 @@ entries(PyObject *self, PyObject *args)
     Consts c;
     if (!PyArg_ParseTuple(args, "y*OO!:entries", &data, &file_sizes, &PyTuple_Type, &consts))
         return NULL;
-    if (!PyArg_ParseTuple(consts, "O!O!O!O:consts", &PyDict_Type, &c.dtypes, &PyType_Type,
-                          &c.chunk_info, &PyType_Type, &c.entry, &c.layout_problem)) {
+    if (!PyArg_ParseTuple(consts, "O!O!O!OO:consts", &PyDict_Type, &c.dtypes, &PyType_Type,
+                          &c.chunk_info, &PyType_Type, &c.entry, &c.layout_problem,
+                          &c.component_of)) {
         PyBuffer_Release(&data);
         return NULL;
     }
@@ -1112,6 +1197,9 @@ entries(PyObject *self, PyObject *args)
     for (int k = K_NONE; k <= K_FALSE && !status; k++) status = new_node(&vm, (uint8_t)k, &id);
     if (!status) status = new_node(&vm, K_TUPLE, &id);
     if (!status) status = new_node(&vm, K_LAYOUT, &id);
+    for (int k = 0; k < SMALL_INTS && !status; k++) {
+        if (!(status = new_node(&vm, K_INT, &id))) vm.nodes[id].i = k;
+    }
     while (!status && !done) status = vm.pos < vm.size ? step(&vm, &done) : DECLINE;
     if (!status) result = finish(&vm, &c, file_sizes, vm.stack[0], &status);
     PyMem_Free(vm.nodes);
@@ -1149,7 +1237,7 @@ PyInit__metadata(void)
         {&s_key, "key"}, {&s_kind, "kind"}, {&s_dtype, "dtype"}, {&s_shape, "shape"},
         {&s_chunks, "chunks"}, {&s_nested_path, "nested_path"}, {&s_component, "component"},
         {&s_error, "error"}, {&s_tensor, "tensor"}, {&s_object, "object"}, {&s_other, "other"},
-        {&s_posix, "posix"}, {&s_windows, "windows"},
+        {&s_posix, "posix"}, {&s_windows, "windows"}, {&s_extra_state, "_extra_state"},
     };
     for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
         if ((*strings[k].slot = PyUnicode_InternFromString(strings[k].text)) == NULL) return NULL;

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from inspector import dtypes
+from inspector.components import component_of
 from inspector.entry import ChunkInfo, Entry, layout_problem
 from inspector.formats.safe_pickle import policy
 from inspector.formats.safe_pickle.records import DtypeName
@@ -33,7 +34,8 @@ _PATHS = {"posix": pathlib.PurePosixPath, "windows": pathlib.PureWindowsPath}
 
 
 class MetadataEntries(NamedTuple):
-    """What the DCP reader takes from ``.metadata``: its entries (components not yet set),
+    """What the DCP reader takes from ``.metadata``: its entries (with their components where
+    ``planner_data`` gave their paths),
     whether it had ``planner_data``, its version and the ``checkpoint_id`` it was saved to."""
 
     entries: list[Entry]
@@ -43,15 +45,16 @@ class MetadataEntries(NamedTuple):
 
 
 @functools.cache
-def _consts() -> tuple[dict[str, str], type, type, Callable[..., Any]]:
+def _consts() -> tuple[dict[str, str], type, type, Callable[..., Any], Callable[..., str]]:
     """What ``_metadata.entries`` needs from Python: each ``torch.<name>`` the policy maps to a
-    known dtype, with the dtype name the reader gives it; the record types; the layout check."""
+    known dtype, with the dtype name the reader gives it; the record types; the layout check;
+    the component rule."""
     known = {}
     for name in (*dtypes.NAMES, *dtypes.ALIASES):
         value = policy.metadata_global("torch", name)
         if type(value) is DtypeName and dtypes.is_known(str(value)):
             known[name] = str(value)
-    return known, ChunkInfo, Entry, layout_problem
+    return known, ChunkInfo, Entry, layout_problem, component_of
 
 
 def metadata_entries(

@@ -19,6 +19,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -527,6 +528,7 @@ step(Vm *vm, int *done)
 
 typedef struct {
     PyObject *dtypes, *layout_problem, *component_of;
+    Py_ssize_t slots[8]; /* where Entry keeps each field, in make_entry's order */
     PyTypeObject *chunk_info, *entry;
 } Consts;
 
@@ -544,7 +546,7 @@ typedef struct {
 typedef struct {
     Slot *items;
     uint32_t *index;
-    size_t n, mask;
+    size_t n, mask, next; /* next: the item after the one found last */
 } Table;
 
 typedef struct {
@@ -620,7 +622,7 @@ table_init(Table *t, size_t count)
     while (n < 2 * count) n *= 2;
     t->items = PyMem_Malloc(sizeof(Slot) * (count ? count : 1));
     t->index = PyMem_Malloc(sizeof(uint32_t) * n);
-    t->n = 0;
+    t->n = t->next = 0;
     t->mask = n - 1;
     if (t->items == NULL || t->index == NULL) {
         PyErr_NoMemory();
@@ -652,6 +654,21 @@ lookup(Vm *vm, const Table *t, uint32_t key, uint32_t offsets, size_t *at)
         if (s->hash == h && same_string(vm, s->key, key) && same_ints(vm, s->offsets, offsets))
             return s;
     }
+}
+
+/* lookup(), trying first the item after the one found last: genuine files list keys, their
+ * records and their paths in one order, so most are found without the index (exact all
+ * the same: no two items hold the same key and offsets). */
+static Slot *
+find_next(Vm *vm, Table *t, uint32_t key, uint32_t offsets)
+{
+    Slot *s = t->next < t->n ? &t->items[t->next] : NULL;
+    if (s == NULL || !same_string(vm, s->key, key) || !same_ints(vm, s->offsets, offsets)) {
+        size_t at;
+        s = lookup(vm, t, key, offsets, &at);
+    }
+    if (s != NULL) t->next = (size_t)(s - t->items) + 1;
+    return s;
 }
 
 /* The item holding (key, offsets); a new one (value UNSET) where there was none. At most as
@@ -779,8 +796,7 @@ nested_path(Build *b, uint32_t key)
     PyObject *name = text(b, key);
     if (name == NULL) return NULL;
     if (!b->has_planner) return PyTuple_New(0);
-    size_t at;
-    Slot *s = lookup(vm, &b->planner, key, UNSET, &at);
+    Slot *s = find_next(vm, &b->planner, key, UNSET);
     uint32_t path = s == NULL ? NONE_ID : s->value;
     const Node *p = &vm->nodes[path];
     if ((!is_tuple(vm, path) && p->kind != K_LIST) || length(vm, path) == 0)
@@ -806,8 +822,7 @@ static PyObject *
 chunk(Build *b, uint32_t key, uint32_t offsets, PyObject *py_offsets, PyObject *py_sizes)
 {
     Vm *vm = b->vm;
-    size_t at;
-    Slot *s = lookup(vm, &b->records, key, offsets, &at);
+    Slot *s = find_next(vm, &b->records, key, offsets);
     if (s == NULL) return NULL;
     uint32_t info = s->value, transforms = field(vm, info, 3);
     int64_t start = vm->nodes[field(vm, info, 1)].i, n = vm->nodes[field(vm, info, 2)].i;
@@ -898,23 +913,38 @@ tiles(const Vm *vm, uint32_t shape, const uint32_t *boxes, size_t count)
     return fine && end == extent;
 }
 
-/* make_entry(key, kind, dtype, shape, chunks, nested, component, None), through the slots. */
+/* make_entry(key, kind, dtype, shape, chunks, nested, component, None): the frozen record's
+ * slots filled directly (what object.__setattr__ through each slot's descriptor does). */
 static PyObject *
 make_entry(const Consts *c, PyObject *values[7])
 {
-    PyObject *names[8] = {s_key, s_kind, s_dtype, s_shape, s_chunks, s_nested_path, s_component,
-                          s_error};
-    PyObject *all[8] = {values[0], values[1], values[2], values[3], values[4], values[5],
-                        values[6], Py_None};
     PyObject *entry = c->entry->tp_alloc(c->entry, 0);
-    for (int k = 0; entry != NULL && k < 8; k++) {
-        if (PyObject_GenericSetAttr(entry, names[k], all[k]) < 0) Py_CLEAR(entry);
+    if (entry == NULL) return NULL;
+    for (int k = 0; k < 8; k++) {
+        PyObject **slot = (PyObject **)((char *)entry + c->slots[k]);
+        *slot = Py_NewRef(k < 7 ? values[k] : Py_None);
     }
     return entry;
 }
 
-/* The tuple of a tensor key's ChunkInfos, with their tiling checked, or NULL (DECLINE when
- * no error is set). */
+/* Where Entry keeps each field (its __slots__' member descriptors), into c->slots. */
+static int
+entry_slots(Consts *c)
+{
+    PyObject *names[8] = {s_key, s_kind, s_dtype, s_shape, s_chunks, s_nested_path, s_component,
+                          s_error};
+    for (int k = 0; k < 8; k++) {
+        PyObject *d = PyDict_GetItemWithError(c->entry->tp_dict, names[k]);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)
+            || ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "consts: Entry needs slots");
+            return FAIL;
+        }
+        c->slots[k] = ((PyMemberDescrObject *)d)->d_member->offset;
+    }
+    return 0;
+}
+
 /* The offsets (or sizes) of a chunk as a tuple: the shared zeros or the shape where they
  * are those (as most are), else a new one. NULL on an error. */
 static PyObject *
@@ -1180,7 +1210,7 @@ entries(PyObject *self, PyObject *args)
         return NULL;
     if (!PyArg_ParseTuple(consts, "O!O!O!OO:consts", &PyDict_Type, &c.dtypes, &PyType_Type,
                           &c.chunk_info, &PyType_Type, &c.entry, &c.layout_problem,
-                          &c.component_of)) {
+                          &c.component_of) || entry_slots(&c)) {
         PyBuffer_Release(&data);
         return NULL;
     }

@@ -270,22 +270,11 @@ def sized(entry: Entry) -> tuple[str, int, int]:
     return dtype, numel, numel * itemsize(dtype)
 
 
-def tally(sums: dict[str, list[int]], name: str, numel: int, nbytes: int) -> None:
-    """Count one more value of ``numel`` elements and ``nbytes`` bytes under ``name``."""
-    acc = sums.get(name)
-    if acc is None:
-        sums[name] = [1, numel, nbytes]
-    else:
-        acc[0] += 1
-        acc[1] += numel
-        acc[2] += nbytes
-
-
 def add_rows(
     sums: dict[str, list[int]], rows: Iterable[int], sizes: list[tuple[str, int, int]]
 ) -> dict[str, list[int]]:
-    """:func:`tally` each row's (name, numel, nbytes) from ``sizes`` into ``sums`` (inlined:
-    this runs once per key below a node)."""
+    """Count each row's (name, numel, nbytes) from ``sizes`` into ``sums``: one more value,
+    its elements and bytes, under its name (this runs once per key below a node)."""
     get = sums.get
     for row in rows:
         name, numel, nbytes = sizes[row]

@@ -368,9 +368,10 @@ def _place_safetensors_chunks(
 ) -> tuple[list[Entry], set[str]]:
     """For a SAFETENSORS-format save, point tensor chunks at their bytes and return those
     files. Judged by content: the first tensor chunk's bytes start a safetensors header."""
-    tensors = [e for e in entries if e.kind == "tensor" and e.chunks and not e.error]
-    if not tensors or not _safetensors_at(storage, tensors[0].chunks[0]):
+    first = next((e for e in entries if e.kind == "tensor" and e.chunks and not e.error), None)
+    if first is None or not _safetensors_at(storage, first.chunks[0]):
         return entries, set()
+    tensors = [e for e in entries if e.kind == "tensor" and e.chunks and not e.error]
     by_file: dict[str, list[Entry]] = {}
     for entry in tensors:
         for chunk in entry.chunks:

@@ -63,8 +63,10 @@ static const char *const CLASS_NAMES[N_CLASSES] = {
     "ChunkStorageMetadata", "TensorProperties", "StorageMeta", "_StorageInfo"};
 
 /* A decoded value. Tuples, lists and dicts hold their items (dicts: key, value pairs) at
- * pool[a .. a + b); an object holds MAX_FIELDS slots at pool[a]; a string is data[a .. a + b);
- * a path's parts are the tuple node a. */
+ * pool[a .. a + b) (lists and dicts room for cap); an object holds MAX_FIELDS slots at
+ * pool[a]; a string is data[a .. a + b), its hash in cap and its str in i once made; an int
+ * is i; a path's parts are the tuple node a. sub: an object's class, a global's kind, and
+ * for a list whether a key took it as its chunks. */
 typedef struct {
     uint8_t kind, sub;
     uint32_t a, b, cap;
@@ -552,8 +554,6 @@ typedef struct {
 typedef struct {
     Vm *vm;
     const Consts *c;
-    PyObject **texts; /* the str of each string node, made once */
-    uint8_t *used;    /* chunk lists already given to a key */
     Table records, keys, planner;
     PyObject *sizes, *components; /* components: {(kind, first name, parts > 1): component} */
     PyObject *zeros[MAX_DIMS + 1]; /* the all-zero offsets of each length, made once */
@@ -564,7 +564,7 @@ static uint64_t
 text_hash(Vm *vm, uint32_t id)
 {
     Node *n = &vm->nodes[id];
-    if (n->i) return (uint64_t)n->i; /* a string node keeps its hash there, once found */
+    if (n->cap) return n->cap; /* a string node keeps its hash there, once found */
     const unsigned char *p = vm->data + n->a;
     uint64_t h = 0x9E3779B97F4A7C15ULL ^ n->b, word;
     uint32_t k = 0;
@@ -574,8 +574,8 @@ text_hash(Vm *vm, uint32_t id)
         h ^= h >> 29;
     }
     for (; k < n->b; k++) h = (h ^ p[k]) * 0x100000001B3ULL;
-    n->i = (int64_t)(h | 1);
-    return h | 1;
+    n->cap = (uint32_t)(h ^ h >> 32) | 1; /* 0 marks "not hashed yet" */
+    return n->cap;
 }
 
 static uint64_t
@@ -688,12 +688,13 @@ insert(Vm *vm, Table *t, uint32_t key, uint32_t offsets)
 static PyObject *
 text(Build *b, uint32_t id)
 {
-    if (b->texts[id] == NULL) {
-        const Node *n = &b->vm->nodes[id];
-        b->texts[id] = PyUnicode_DecodeUTF8((const char *)b->vm->data + n->a, n->b,
-                                            "surrogatepass");
+    Node *n = &b->vm->nodes[id];
+    if (n->i == 0) { /* a string node keeps its str there, once made */
+        PyObject *str = PyUnicode_DecodeUTF8((const char *)b->vm->data + n->a, n->b,
+                                             "surrogatepass");
+        n->i = (int64_t)(intptr_t)str;
     }
-    return b->texts[id];
+    return (PyObject *)(intptr_t)n->i;
 }
 
 static uint32_t
@@ -1006,7 +1007,7 @@ tensor_entry(Build *b, uint32_t key, uint32_t md, PyObject *nested, PyObject *co
     uint32_t properties = field(vm, md, 0), shape = field(vm, md, 1), list = field(vm, md, 2);
     if (!is_obj(vm, properties, C_PROPERTIES)) return NULL;
     uint32_t dtype = field(vm, properties, 0);
-    if (vm->nodes[dtype].kind != K_DTYPE || vm->nodes[list].kind != K_LIST || b->used[list])
+    if (vm->nodes[dtype].kind != K_DTYPE || vm->nodes[list].kind != K_LIST || vm->nodes[list].sub)
         return NULL;
     if (!int_tuple(vm, shape, 1) || length(vm, shape) > MAX_DIMS) return NULL;
     int64_t numel = 1;
@@ -1016,7 +1017,7 @@ tensor_entry(Build *b, uint32_t key, uint32_t md, PyObject *nested, PyObject *co
         else if (numel && numel >= MAX_INT / n + (MAX_INT % n != 0)) return NULL;
         else numel *= n;
     }
-    b->used[list] = 1;
+    vm->nodes[list].sub = 1; /* a list's sub: given to a key already */
     PyObject *name = text(b, (uint32_t)vm->nodes[dtype].i), *dtype_name, *py_shape, *found;
     if (name == NULL) return NULL;
     if ((dtype_name = PyDict_GetItemWithError(b->c->dtypes, name)) == NULL) return NULL;
@@ -1141,7 +1142,7 @@ checkpoint_id(Build *b, uint32_t meta)
 static PyObject *
 finish(Vm *vm, const Consts *c, PyObject *file_sizes, uint32_t root, int *status)
 {
-    Build b = {vm, c, NULL, NULL, {0}, {0}, {0}, NULL, NULL, {NULL}, 0};
+    Build b = {vm, c, {0}, {0}, {0}, NULL, NULL, {NULL}, 0};
     PyObject *names = NULL, *entries = NULL, *id = NULL, *result = NULL, *version;
     *status = DECLINE;
     if (!is_obj(vm, root, C_METADATA)) return NULL;
@@ -1152,13 +1153,6 @@ finish(Vm *vm, const Consts *c, PyObject *file_sizes, uint32_t root, int *status
         || (version_id != NONE_ID && vm->nodes[version_id].kind != K_STR))
         return NULL;
     b.has_planner = planner != NONE_ID;
-    b.texts = PyMem_Calloc(vm->n_nodes, sizeof(PyObject *));
-    b.used = PyMem_Calloc(vm->n_nodes, 1);
-    if (b.texts == NULL || b.used == NULL) {
-        PyErr_NoMemory();
-        *status = FAIL;
-        goto done;
-    }
     if ((names = PySet_New(NULL)) == NULL || (entries = PyList_New(0)) == NULL
         || (b.components = PyDict_New()) == NULL)
         goto fail;
@@ -1183,9 +1177,9 @@ finish(Vm *vm, const Consts *c, PyObject *file_sizes, uint32_t root, int *status
 fail:
     *status = FAIL;
 done:
-    for (size_t k = 0; b.texts != NULL && k < vm->n_nodes; k++) Py_XDECREF(b.texts[k]);
-    PyMem_Free(b.texts);
-    PyMem_Free(b.used);
+    for (size_t k = 0; k < vm->n_nodes; k++) {
+        if (vm->nodes[k].kind == K_STR) Py_XDECREF((PyObject *)(intptr_t)vm->nodes[k].i);
+    }
     Table *tables[3] = {&b.records, &b.keys, &b.planner};
     for (int k = 0; k < 3; k++) {
         PyMem_Free(tables[k]->items);

@@ -35,14 +35,20 @@ def summarize(ck: Checkpoint) -> Summary:
     with paused_gc():
         for e in ck.entries():  # tallies inlined: this runs once per key
             name, numel, nbytes = sized(e)
-            for sums, group in ((by_dtype, name), (by_component, e.component)):
-                acc = sums.get(group)
-                if acc is None:
-                    sums[group] = [1, numel, nbytes]
-                else:
-                    acc[0] += 1
-                    acc[1] += numel
-                    acc[2] += nbytes
+            acc = by_dtype.get(name)
+            if acc is None:
+                by_dtype[name] = [1, numel, nbytes]
+            else:
+                acc[0] += 1
+                acc[1] += numel
+                acc[2] += nbytes
+            acc = by_component.get(e.component)
+            if acc is None:
+                by_component[e.component] = [1, numel, nbytes]
+            else:
+                acc[0] += 1
+                acc[1] += numel
+                acc[2] += nbytes
             if e.kind == "tensor":
                 tensors[0] += 1
                 tensors[1] += numel

@@ -29,7 +29,7 @@ from inspector.formats.detect import open_source
 from inspector.gc_pause import paused_gc
 from inspector.keys.components import component_counts, with_components
 from inspector.keys.layouts import detect_layout
-from inspector.keys.tree import KeyNode, build_tree
+from inspector.keys.tree import KeyNode, build_tree, sized
 from inspector.storage import IOCount, open_location
 from inspector.storage.base import ByteRange
 from inspector.tensors.detection import Detection, detect
@@ -88,6 +88,7 @@ class Checkpoint:
         self.source = source
         entries = with_components(source.entries())
         self._entries = {e.key: e for e in entries}
+        self._sizes: list[tuple[str, int, int]] | None = None
         self.scale_pairs: ScalePairs = scaled_pairs(self._entries)
         self._detections: dict[str, Detection] = {}
         self._damage: dict[str, str] = {}
@@ -170,7 +171,15 @@ class Checkpoint:
 
     def tree(self, view: str = "stored") -> KeyNode:
         """The key tree's root in a view: stored, flattened (model keys at top) or prefixed."""
-        return build_tree(self.entries(), view)
+        return build_tree(self.entries(), view, self.sizes())
+
+    def sizes(self) -> list[tuple[str, int, int]]:
+        """(dtype, or "object" / "unknown"; numel; nbytes) of each entry in ``entries()``
+        order: what totals count, worked out once (the header and the tree both use it)."""
+        if self._sizes is None:
+            with paused_gc():
+                self._sizes = [sized(e) for e in self._entries.values()]
+        return self._sizes
 
     def audit(self, checksums: bool = True, values: bool = False) -> AuditReport:
         """Integrity, unfinished saves, completeness, resume readiness (``inspector.audit``)."""

@@ -37,7 +37,9 @@ class _Spelled:
 
     __slots__ = ("_sizes", "entries", "keys", "parts", "view")
 
-    def __init__(self, entries: list[Entry], view: str) -> None:
+    def __init__(
+        self, entries: list[Entry], view: str, sizes: list[tuple[str, int, int]] | None
+    ) -> None:
         if view not in VIEWS:
             raise ValueError(f"view must be one of {VIEWS}, not {view!r}")
         self.view = view
@@ -46,7 +48,7 @@ class _Spelled:
             [e.key for e in entries] if view == "stored" else [view_key(e, view) for e in entries]
         )
         self.parts = [k.split(".") for k in self.keys]
-        self._sizes: list[tuple[str, int, int]] | None = None
+        self._sizes = sizes
 
     @property
     def sizes(self) -> list[tuple[str, int, int]]:
@@ -297,8 +299,11 @@ def ordered_totals(sums: dict[str, list[int]]) -> dict[str, Totals]:
     return {d: Totals(*acc) for d, acc in ordered}
 
 
-def build_tree(entries: list[Entry], view: str = "stored") -> KeyNode:
-    """The root node over ``entries`` spelled as in ``view`` (stored / flattened / prefixed)."""
+def build_tree(
+    entries: list[Entry], view: str = "stored", sizes: list[tuple[str, int, int]] | None = None
+) -> KeyNode:
+    """The root node over ``entries`` spelled as in ``view`` (stored / flattened / prefixed);
+    ``sizes``: :func:`sized` of each entry, where the caller has them already."""
     with paused_gc():
-        spelled = _Spelled(entries, view)
+        spelled = _Spelled(entries, view, sizes)
         return KeyNode(spelled, 0, list(range(len(entries))))

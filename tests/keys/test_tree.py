@@ -11,7 +11,7 @@ import torch
 import inspector
 from inspector.errors import MissingKeyError
 from inspector.keys.spellings import view_key
-from inspector.keys.tree import Totals
+from inspector.keys.tree import Totals, build_tree
 from tests.conftest import save_dcp
 
 
@@ -112,3 +112,13 @@ def test_a_key_can_also_be_a_prefix(tmp_path: Path) -> None:
     assert node.entry is ck.entry("a") and not node.is_leaf
     assert node.count == 2 and [c.prefix for c in node.children()] == ["a.b"]
     assert node.by_dtype == {"float32": Totals(1, 3, 12), "bfloat16": Totals(1, 2, 4)}
+
+
+def test_the_checkpoints_sizes_are_each_entrys_and_worked_out_once(demo_dir: Path) -> None:
+    """What the header and the tree share: (dtype or kind, numel, nbytes) per entry."""
+    ck = inspector.open(demo_dir / "fp8")
+    sizes = ck.sizes()
+    assert [(n, b) for _, n, b in sizes] == [(e.numel, e.nbytes) for e in ck.entries()]
+    assert [d for d, _, _ in sizes] == [e.dtype or "object" for e in ck.entries()]
+    assert ck.sizes() is sizes
+    assert build_tree(ck.entries(), "flattened", sizes).by_dtype == expected_totals(ck.entries())

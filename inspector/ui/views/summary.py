@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from inspector.checkpoint import Checkpoint
 from inspector.entry import COMPONENTS
 from inspector.gc_pause import paused_gc
-from inspector.keys.tree import Totals, ordered_totals, sized
+from inspector.keys.tree import Totals, ordered_totals
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ def summarize(ck: Checkpoint) -> Summary:
     by_component: dict[str, list[int]] = {}
     tensors = [0, 0, 0]
     with paused_gc():
-        for e in ck.entries():  # tallies inlined: this runs once per key
-            name, numel, nbytes = sized(e)
+        # tallies inlined: this runs once per key
+        for e, (name, numel, nbytes) in zip(ck.entries(), ck.sizes(), strict=True):
             acc = by_dtype.get(name)
             if acc is None:
                 by_dtype[name] = [1, numel, nbytes]

@@ -149,7 +149,7 @@ class TreePanel(w.VBox):
         entries = self.flags.select(entries, show)
         filtered = len(entries) < len(self.ck)
         self.kept = frozenset(e.key for e in entries) if filtered else None
-        root = build_tree(entries, view)
+        root = build_tree(entries, view, None if filtered else self.ck.sizes())
         self.outline = Outline(root, self.children_page)
         self.selected = ""
         if pattern or SHOWS[show]:

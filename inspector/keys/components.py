@@ -1,9 +1,9 @@
-"""Which component a key belongs to: model, optimizer, lr_scheduler, dataloader, train_state,
-common or rng (Megatron-Core's common state and sharded rng objects).
+"""Components set on a checkpoint's entries, and counted.
 
-The nested path a key was saved under (DCP ``planner_data``, ``.pt`` dict nesting) tells;
-dotted names are only a fallback, since model FQNs contain dots and Hugging Face names
-start with ``model.`` themselves.
+The rule from a nested path to its component is :mod:`inspector.components` (formats apply
+it while they build entries); this module applies it where a format did not, guessing the
+path from the dotted key where the format lost it (only a fallback: model FQNs contain dots
+and Hugging Face names start with ``model.`` themselves).
 """
 
 from __future__ import annotations

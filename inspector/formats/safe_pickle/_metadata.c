@@ -1208,6 +1208,10 @@ entries(PyObject *self, PyObject *args)
         PyBuffer_Release(&data);
         return NULL;
     }
+    if ((size_t)data.len >= UNSET) { /* string offsets are 32-bit: the unpickler reads it */
+        PyBuffer_Release(&data);
+        Py_RETURN_NONE;
+    }
     Vm vm = {0};
     vm.data = data.buf;
     vm.size = (size_t)data.len;

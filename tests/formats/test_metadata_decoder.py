@@ -228,6 +228,30 @@ def bool_offsets(t: dict, s: dict, p: dict, m: dict) -> None:
     s[Twin("model.a", (False, False))] = _StorageInfo("__0_0.distcp", 300, 64)
 
 
+class SharedState:
+    """Pickles as a ``cls`` built from ``state``: one dict that several records can share (the
+    pickler writes it once and builds each from it; torch's records never share one)."""
+
+    def __init__(self, cls: type, state: dict) -> None:
+        self.cls, self.state = cls, state
+
+    def __reduce_ex__(self, protocol: object) -> tuple:
+        return copyreg.__newobj__, (self.cls,), self.state
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return self.cls
+
+
+def shared_state(t: dict, s: dict, p: dict, m: dict) -> None:
+    """model.c's chunk built from the very dict model.a's chunk is."""
+    state = vars(chunk_of(t, "model.a"))
+    t["model.c"] = tensor("model.c", (4, 4), [((0, 0), (4, 4))], torch.float32)
+    t["model.a"].chunks[0] = SharedState(tmd.ChunkStorageMetadata, state)
+    t["model.c"].chunks[0] = SharedState(tmd.ChunkStorageMetadata, state)
+    s[index("model.c", (0, 0))] = _StorageInfo("__0_0.distcp", 80, 64)
+
+
 # (name, change, whether the direct reader still accepts it)
 CHANGES: list[tuple[str, Change, bool]] = [
     ("genuine", lambda t, s, p, m: None, True),
@@ -337,6 +361,7 @@ CHANGES: list[tuple[str, Change, bool]] = [
     ("an unknown global", lambda t, s, p, m: m.update(version=os.getcwd), False),
     ("a version that is an int", lambda t, s, p, m: m.update(version=3), False),
     ("Megatron's plans", lambda t, s, p, m: m.update(all_local_plans=[]), False),
+    ("one state dict for two records", shared_state, False),
 ]
 
 

@@ -30,6 +30,11 @@
 #define MAX_FIELDS 6
 #define FEW 8 /* chunks per key handled without allocating */
 #define UNSET UINT32_MAX
+#if defined(__GNUC__) || defined(__clang__)
+#define IN_LOOP inline __attribute__((always_inline)) /* step: its loop, without a call per opcode */
+#else
+#define IN_LOOP inline
+#endif
 /* Fixed nodes: the singletons pickle pushes. */
 #define NONE_ID 0
 #define TRUE_ID 1
@@ -40,7 +45,7 @@
 #define SMALL_INTS 256
 
 enum { K_NONE, K_TRUE, K_FALSE, K_INT, K_STR, K_TUPLE, K_LIST, K_DICT, K_CLASS, K_FUNC,
-       K_DTYPE, K_OBJ, K_LAYOUT, K_PATH };
+       K_DTYPE, K_OBJ, K_LAYOUT, K_PATH, K_SPENT /* a dict BUILD took as state: its items reused */ };
 enum { C_METADATA, C_INDEX, C_TENSOR, C_BYTES, C_CHUNK, C_PROPERTIES, C_STORAGE_META,
        C_STORAGE_INFO, N_CLASSES };
 enum { F_SIZE, F_LAYOUT, F_MEMORY_FORMAT, F_POSIX, F_WINDOWS };
@@ -62,16 +67,23 @@ static const char *const CLASS_NAMES[N_CLASSES] = {
     "Metadata", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
     "ChunkStorageMetadata", "TensorProperties", "StorageMeta", "_StorageInfo"};
 
-/* A decoded value. Tuples, lists and dicts hold their items (dicts: key, value pairs) at
- * pool[a .. a + b) (lists and dicts room for cap); an object holds MAX_FIELDS slots at
- * pool[a]; a string is data[a .. a + b), its hash in cap and its str in i once made; an int
- * is i; a path's parts are the tuple node a. sub: an object's class, a global's kind, and
- * for a list whether a key took it as its chunks. */
+/* A decoded value, in 16 bytes (there are millions). Tuples, lists and dicts hold their
+ * items (dicts: key, value pairs) at pool[a .. a + b) (lists and dicts room for cap); an
+ * object holds its class's field slots at pool[a]; a string is the text at data[a], its
+ * length the sub bytes before it (as pickled), and its str in i once made; an int is i; a
+ * path's parts are the tuple node a. sub: also an object's class, a global's kind, and for a
+ * list whether a key took it as its chunks. */
 typedef struct {
     uint8_t kind, sub;
-    uint32_t a, b, cap;
-    int64_t i;
+    uint32_t a;
+    union {
+        int64_t i;
+        struct {
+            uint32_t b, cap;
+        };
+    };
 } Node;
+_Static_assert(sizeof(Node) == 16, "a node is 16 bytes");
 
 typedef struct {
     const unsigned char *data;
@@ -86,6 +98,15 @@ typedef struct {
     PyObject *dtypes; /* {torch.<name>: dtype name} */
     uint32_t field_names[N_CLASSES][MAX_FIELDS]; /* the string node last found naming each */
 } Vm;
+
+/* The number of fields of a class (its pool slots), at least one. */
+static int
+field_count(int cls)
+{
+    int n = 0;
+    while (n < MAX_FIELDS && FIELDS[cls][n] != NULL) n++;
+    return n ? n : 1;
+}
 
 static int
 grow(void **items, size_t *cap, size_t need, size_t item)
@@ -118,7 +139,7 @@ new_node(Vm *vm, uint8_t kind, uint32_t *id)
 {
     if (grow((void **)&vm->nodes, &vm->cap_nodes, vm->n_nodes + 1, sizeof(Node))) return FAIL;
     if (vm->n_nodes >= UNSET) return DECLINE;
-    vm->nodes[vm->n_nodes] = (Node){kind, 0, 0, 0, 0, 0};
+    vm->nodes[vm->n_nodes] = (Node){.kind = kind};
     *id = (uint32_t)vm->n_nodes++;
     return 0;
 }
@@ -181,12 +202,28 @@ code_points(const unsigned char *s, size_t n)
     return count;
 }
 
+static uint64_t
+little(const unsigned char *p, size_t n)
+{
+    uint64_t value = 0;
+    for (size_t k = n; k > 0; k--) value = value << 8 | p[k - 1];
+    return value;
+}
+
+/* The length of the string node's text (pickled just before it). */
+static size_t
+text_length(const Vm *vm, const Node *node)
+{
+    return (size_t)little(vm->data + node->a - node->sub, node->sub);
+}
+
 static int
 same_text(const Vm *vm, uint32_t id, const char *text)
 {
     const Node *node = &vm->nodes[id];
     size_t n = strlen(text);
-    return node->kind == K_STR && node->b == n && memcmp(vm->data + node->a, text, n) == 0;
+    return node->kind == K_STR && text_length(vm, node) == n
+           && memcmp(vm->data + node->a, text, n) == 0;
 }
 
 /* The next n argument bytes of the opcode being run, inside the data and its frame. */
@@ -198,14 +235,6 @@ argument(Vm *vm, size_t n)
     if (vm->op < vm->frame_end && at + n > vm->frame_end) return NULL;
     vm->pos = at + n;
     return vm->data + at;
-}
-
-static uint64_t
-little(const unsigned char *p, size_t n)
-{
-    uint64_t value = 0;
-    for (size_t k = n; k > 0; k--) value = value << 8 | p[k - 1];
-    return value;
 }
 
 static int
@@ -231,7 +260,7 @@ push_string(Vm *vm, size_t width)
     int status = new_node(vm, K_STR, &id);
     if (status) return status;
     vm->nodes[id].a = (uint32_t)(text - vm->data);
-    vm->nodes[id].b = (uint32_t)n;
+    vm->nodes[id].sub = (uint8_t)width;
     return push(vm, id);
 }
 
@@ -282,8 +311,8 @@ global(Vm *vm, uint32_t module, uint32_t name)
         } else {
             const Node *n = &vm->nodes[name];
             if (n->kind != K_STR) return DECLINE;
-            PyObject *text = PyUnicode_DecodeUTF8((const char *)vm->data + n->a, n->b,
-                                                  "surrogatepass");
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)vm->data + n->a,
+                                                  (Py_ssize_t)text_length(vm, n), "surrogatepass");
             if (text == NULL) return FAIL;
             PyObject *found = PyDict_GetItemWithError(vm->dtypes, text);
             Py_DECREF(text);
@@ -324,7 +353,7 @@ reduce(Vm *vm, uint32_t callable, uint32_t args)
     for (uint32_t k = 0; k < n; k++) { /* a path: its parts, charged as policy charges them */
         const Node *part = &vm->nodes[items[k]];
         if (part->kind != K_STR) return DECLINE;
-        vm->path_budget -= (long long)code_points(vm->data + part->a, part->b);
+        vm->path_budget -= (long long)code_points(vm->data + part->a, text_length(vm, part));
         if (vm->path_budget < 0) return DECLINE;
     }
     int status = new_node(vm, K_PATH, &id);
@@ -367,6 +396,9 @@ build(Vm *vm, uint32_t inst, uint32_t state)
         if (at < 0) return DECLINE;
         fields[at] = vm->pool[s->a + k + 1];
     }
+    Node *spent = &vm->nodes[state]; /* read once, as genuine states are: its room is reused */
+    if ((size_t)spent->a + spent->cap == vm->n_pool) vm->n_pool = spent->a;
+    spent->kind = K_SPENT;
     return 0;
 }
 
@@ -411,7 +443,7 @@ pop_mark(Vm *vm, size_t *at, int container)
     return container && *at <= fence ? DECLINE : 0;
 }
 
-static int
+static IN_LOOP int
 step(Vm *vm, int *done)
 {
     const unsigned char *p;
@@ -496,11 +528,11 @@ step(Vm *vm, int *done)
         if (above_fence(vm) < 2) return DECLINE;
         a = vm->stack[vm->n_stack - 2], b = vm->stack[vm->n_stack - 1];
         if (vm->nodes[a].kind != K_CLASS || b != EMPTY_ID) return DECLINE;
-        if ((status = new_node(vm, K_OBJ, &id)) || (status = take(vm, MAX_FIELDS, &a)))
-            return status;
+        b = (uint32_t)field_count(vm->nodes[a].sub);
+        if ((status = new_node(vm, K_OBJ, &id)) || (status = take(vm, b, &a))) return status;
         vm->nodes[id].sub = vm->nodes[vm->stack[vm->n_stack - 2]].sub;
         vm->nodes[id].a = a;
-        for (int k = 0; k < MAX_FIELDS; k++) vm->pool[a + k] = UNSET;
+        for (uint32_t k = 0; k < b; k++) vm->pool[a + k] = UNSET;
         vm->n_stack -= 2;
         return push(vm, id);
     case 'R': /* REDUCE */
@@ -558,24 +590,24 @@ typedef struct {
     PyObject *sizes, *components; /* components: {(kind, first name, parts > 1): component} */
     PyObject *zeros[MAX_DIMS + 1]; /* the all-zero offsets of each length, made once */
     int has_planner;
+    uint32_t *made; /* the string nodes whose str was made */
+    size_t n_made, cap_made;
 } Build;
 
 static uint64_t
-text_hash(Vm *vm, uint32_t id)
+text_hash(const Vm *vm, uint32_t id)
 {
-    Node *n = &vm->nodes[id];
-    if (n->cap) return n->cap; /* a string node keeps its hash there, once found */
+    const Node *n = &vm->nodes[id];
     const unsigned char *p = vm->data + n->a;
-    uint64_t h = 0x9E3779B97F4A7C15ULL ^ n->b, word;
-    uint32_t k = 0;
-    for (; k + 8 <= n->b; k += 8) {
+    size_t length = text_length(vm, n), k = 0;
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ length, word;
+    for (; k + 8 <= length; k += 8) {
         memcpy(&word, p + k, 8);
         h = (h ^ word) * 0xFF51AFD7ED558CCDULL;
         h ^= h >> 29;
     }
-    for (; k < n->b; k++) h = (h ^ p[k]) * 0x100000001B3ULL;
-    n->cap = (uint32_t)(h ^ h >> 32) | 1; /* 0 marks "not hashed yet" */
-    return n->cap;
+    for (; k < length; k++) h = (h ^ p[k]) * 0x100000001B3ULL;
+    return h ^ h >> 32;
 }
 
 static uint64_t
@@ -592,8 +624,10 @@ ints_hash(const Vm *vm, uint32_t id)
 static int
 same_string(const Vm *vm, uint32_t x, uint32_t y)
 {
+    if (x == y) return 1;
     const Node *a = &vm->nodes[x], *b = &vm->nodes[y];
-    return x == y || (a->b == b->b && memcmp(vm->data + a->a, vm->data + b->a, a->b) == 0);
+    size_t n = text_length(vm, a);
+    return n == text_length(vm, b) && memcmp(vm->data + a->a, vm->data + b->a, n) == 0;
 }
 
 static uint32_t
@@ -633,7 +667,7 @@ table_init(Table *t, size_t count)
 }
 
 static uint64_t
-slot_hash(Vm *vm, uint32_t key, uint32_t offsets)
+slot_hash(const Vm *vm, uint32_t key, uint32_t offsets)
 {
     uint64_t h = text_hash(vm, key) ^ ints_hash(vm, offsets);
     h ^= h >> 33; /* mixed, so that offsets alike in their low bits spread over the index */
@@ -641,11 +675,11 @@ slot_hash(Vm *vm, uint32_t key, uint32_t offsets)
     return h ^ h >> 33;
 }
 
-/* The item holding (key, offsets), or NULL; *at: where in the index it is, or would go. */
+/* The item holding (key, offsets), whose slot_hash is h, or NULL; *at: where in the index
+ * it is, or would go. */
 static Slot *
-lookup(Vm *vm, const Table *t, uint32_t key, uint32_t offsets, size_t *at)
+lookup(Vm *vm, const Table *t, uint64_t h, uint32_t key, uint32_t offsets, size_t *at)
 {
-    uint64_t h = slot_hash(vm, key, offsets);
     for (size_t k = (size_t)h & t->mask;; k = (k + 1) & t->mask) {
         uint32_t item = t->index[k];
         *at = k;
@@ -665,7 +699,7 @@ find_next(Vm *vm, Table *t, uint32_t key, uint32_t offsets)
     Slot *s = t->next < t->n ? &t->items[t->next] : NULL;
     if (s == NULL || !same_string(vm, s->key, key) || !same_ints(vm, s->offsets, offsets)) {
         size_t at;
-        s = lookup(vm, t, key, offsets, &at);
+        s = lookup(vm, t, slot_hash(vm, key, offsets), key, offsets, &at);
     }
     if (s != NULL) t->next = (size_t)(s - t->items) + 1;
     return s;
@@ -677,11 +711,12 @@ static Slot *
 insert(Vm *vm, Table *t, uint32_t key, uint32_t offsets)
 {
     size_t at;
-    Slot *s = lookup(vm, t, key, offsets, &at);
+    uint64_t h = slot_hash(vm, key, offsets);
+    Slot *s = lookup(vm, t, h, key, offsets, &at);
     if (s != NULL) return s;
     t->index[at] = (uint32_t)t->n;
     s = &t->items[t->n++];
-    *s = (Slot){slot_hash(vm, key, offsets), key, offsets, UNSET};
+    *s = (Slot){h, key, offsets, UNSET};
     return s;
 }
 
@@ -690,9 +725,12 @@ text(Build *b, uint32_t id)
 {
     Node *n = &b->vm->nodes[id];
     if (n->i == 0) { /* a string node keeps its str there, once made */
-        PyObject *str = PyUnicode_DecodeUTF8((const char *)b->vm->data + n->a, n->b,
-                                             "surrogatepass");
+        if (grow((void **)&b->made, &b->cap_made, b->n_made + 1, sizeof(uint32_t))) return NULL;
+        PyObject *str = PyUnicode_DecodeUTF8((const char *)b->vm->data + n->a,
+                                             (Py_ssize_t)text_length(b->vm, n), "surrogatepass");
+        if (str == NULL) return NULL;
         n->i = (int64_t)(intptr_t)str;
+        b->made[b->n_made++] = id;
     }
     return (PyObject *)(intptr_t)n->i;
 }
@@ -1142,7 +1180,7 @@ checkpoint_id(Build *b, uint32_t meta)
 static PyObject *
 finish(Vm *vm, const Consts *c, PyObject *file_sizes, uint32_t root, int *status)
 {
-    Build b = {vm, c, {0}, {0}, {0}, NULL, NULL, {NULL}, 0};
+    Build b = {.vm = vm, .c = c};
     PyObject *names = NULL, *entries = NULL, *id = NULL, *result = NULL, *version;
     *status = DECLINE;
     if (!is_obj(vm, root, C_METADATA)) return NULL;
@@ -1177,9 +1215,8 @@ finish(Vm *vm, const Consts *c, PyObject *file_sizes, uint32_t root, int *status
 fail:
     *status = FAIL;
 done:
-    for (size_t k = 0; k < vm->n_nodes; k++) {
-        if (vm->nodes[k].kind == K_STR) Py_XDECREF((PyObject *)(intptr_t)vm->nodes[k].i);
-    }
+    for (size_t k = 0; k < b.n_made; k++) Py_DECREF((PyObject *)(intptr_t)vm->nodes[b.made[k]].i);
+    PyMem_Free(b.made);
     Table *tables[3] = {&b.records, &b.keys, &b.planner};
     for (int k = 0; k < 3; k++) {
         PyMem_Free(tables[k]->items);

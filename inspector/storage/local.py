@@ -34,6 +34,7 @@ from inspector.storage.base import (
 )
 
 _BLOCK = 1 << 23
+_ONE_READ = 1 << 30  # what one pread returns whole (Linux: up to 2 GiB - 4 KiB)
 
 _SPECIAL = (
     (stat.S_ISDIR, "a directory"),
@@ -96,10 +97,9 @@ class LocalStorage:
         with self._open(name) as (fd, size):
             length = size - offset if length is None else length
             _check_range(offset, length, size, self.describe(name))
-            buffer = bytearray(length)
-            _pread_into(fd, offset, memoryview(buffer), self.describe(name))
+            data = _pread(fd, offset, length, self.describe(name))
         self.io.add(length)
-        return bytes(buffer)
+        return data
 
     def read_into(self, name: str, offset: int, buffer: memoryview) -> None:
         with self._open(name) as (fd, size):
@@ -183,6 +183,24 @@ def _check_range(offset: int, length: int, size: int, label: str) -> None:
             f"has {size} bytes; bytes {offset}..{offset + length} lie past its end (truncated?)",
             file=label,
         )
+
+
+def _pread(fd: int, offset: int, length: int, label: str) -> bytes:
+    """``length`` bytes at ``offset``: up to _ONE_READ read straight into the bytes returned
+    (a regular file reads short only at its end), larger ones in pieces and then copied."""
+    if length > _ONE_READ:
+        buffer = bytearray(length)
+        _pread_into(fd, offset, memoryview(buffer), label)
+        return bytes(buffer)
+    try:
+        data = os.pread(fd, length, offset)
+    except OSError as exc:
+        raise _error(exc, label) from None
+    if len(data) < length:
+        raise CorruptCheckpointError(
+            f"ends {length - len(data)} bytes short of the data at byte {offset}", file=label
+        )
+    return data
 
 
 def _pread_into(fd: int, offset: int, buffer: memoryview, label: str) -> None:

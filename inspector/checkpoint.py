@@ -29,7 +29,7 @@ from inspector.formats.detect import open_source
 from inspector.gc_pause import paused_gc
 from inspector.keys.components import component_counts, with_components
 from inspector.keys.layouts import detect_layout
-from inspector.keys.tree import KeyNode, build_tree, sized
+from inspector.keys.tree import KeyNode, build_tree, sizes_of
 from inspector.storage import IOCount, open_location
 from inspector.storage.base import ByteRange
 from inspector.tensors.detection import Detection, detect
@@ -178,7 +178,7 @@ class Checkpoint:
         order: what totals count, worked out once (the header and the tree both use it)."""
         if self._sizes is None:
             with paused_gc():
-                self._sizes = [sized(e) for e in self._entries.values()]
+                self._sizes = sizes_of(self._entries.values())
         return self._sizes
 
     def audit(self, checksums: bool = True, values: bool = False) -> AuditReport:

@@ -17,21 +17,23 @@ from inspector.entry import COMPONENTS, Entry, make_entry
 
 def with_components(entries: list[Entry]) -> list[Entry]:
     """The entries with ``component`` set (and a guessed ``nested_path`` where the format
-    lost it); records are rebuilt, never changed."""
+    lost it); records are rebuilt, never changed. A component the format set (anything but
+    the default ``"other"``, on an entry with its path) is kept: formats apply the same rule."""
+    todo = [i for i, e in enumerate(entries) if e.component == "other" or not e.nested_path]
+    if not todo:
+        return entries
     guess_model_prefix = any(
-        not e.nested_path and component_name(e.key.split(".", 1)[0]) not in (None, "model")
-        for e in entries
+        not entries[i].nested_path
+        and component_name(entries[i].key.split(".", 1)[0]) not in (None, "model")
+        for i in todo
     )
-    out = []
-    for e in entries:
+    out = list(entries)
+    for i in todo:
+        e = out[i]
         path = e.nested_path or _guess_path(e.key, guess_model_prefix)
         component = component_of(e.kind, path)
-        if component == e.component and path is e.nested_path:
-            out.append(e)
-        else:
-            out.append(
-                make_entry(e.key, e.kind, e.dtype, e.shape, e.chunks, path, component, e.error)
-            )
+        if component != e.component or path is not e.nested_path:
+            out[i] = make_entry(e.key, e.kind, e.dtype, e.shape, e.chunks, path, component, e.error)
     return out
 
 

@@ -6,9 +6,12 @@ costs one pass over the keys and expanding a node one pass over the keys below i
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
+from itertools import groupby
 from math import prod
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from inspector.dtypes import itemsize
@@ -20,6 +23,7 @@ from inspector.keys.spellings import VIEWS, view_key
 # Shared, never mutated: most nodes are leaves or hold no entry of their own.
 _NO_CHILDREN: dict[str, KeyNode] = {}
 _NONE: list[int] = []
+_BYTE_LENGTH = attrgetter("byte_length")
 # Grouping this many rows allocates enough to set off full collections of a large heap.
 _PAUSE_GC_ABOVE = 1000
 
@@ -33,9 +37,9 @@ class Totals(NamedTuple):
 
 
 class _Spelled:
-    """The entries of one view: spelled keys and their segments, shared by every node."""
+    """The entries of one view and their keys as spelled in it, shared by every node."""
 
-    __slots__ = ("_sizes", "entries", "keys", "parts", "view")
+    __slots__ = ("_sizes", "entries", "keys", "view")
 
     def __init__(
         self, entries: list[Entry], view: str, sizes: list[tuple[str, int, int]] | None
@@ -47,26 +51,29 @@ class _Spelled:
         self.keys = (
             [e.key for e in entries] if view == "stored" else [view_key(e, view) for e in entries]
         )
-        self.parts = [k.split(".") for k in self.keys]
         self._sizes = sizes
 
     @property
     def sizes(self) -> list[tuple[str, int, int]]:
         """(dtype or kind, numel, nbytes) per entry, computed once."""
         if self._sizes is None:
-            self._sizes = [sized(e) for e in self.entries]
+            self._sizes = sizes_of(self.entries)
         return self._sizes
 
 
 class KeyNode:
-    """All keys that start with ``prefix`` (a whole number of dotted segments) in one view."""
+    """All keys that start with ``prefix`` (a whole number of dotted segments) in one view.
 
-    __slots__ = ("_by_dtype", "_children", "_here", "_rows", "_spelled", "depth")
+    ``start``: where every key below continues past the prefix and its dot (0 at the root).
+    """
 
-    def __init__(self, spelled: _Spelled, depth: int, rows: list[int]) -> None:
+    __slots__ = ("_by_dtype", "_children", "_here", "_rows", "_spelled", "_start", "depth")
+
+    def __init__(self, spelled: _Spelled, depth: int, rows: list[int], start: int) -> None:
         self._spelled = spelled
         self.depth = depth
         self._rows = rows
+        self._start = start
         self._children: dict[str, KeyNode] | None = None
         self._here: list[int] = _NONE
         self._by_dtype: dict[str, Totals] | None = None
@@ -75,12 +82,12 @@ class KeyNode:
     @property
     def name(self) -> str:
         """The last segment of the prefix ('' for the root)."""
-        return self._spelled.parts[self._rows[0]][self.depth - 1] if self.depth else ""
+        return self.prefix.rpartition(".")[2]
 
     @property
     def prefix(self) -> str:
         """The dotted key prefix every key below this node starts with ('' for the root)."""
-        return ".".join(self._spelled.parts[self._rows[0]][: self.depth])
+        return self._spelled.keys[self._rows[0]][: self._start - 1] if self.depth else ""
 
     @property
     def view(self) -> str:
@@ -143,31 +150,28 @@ class KeyNode:
     def _grouped(self) -> dict[str, KeyNode]:
         if self._children is not None:
             return self._children
-        rows, depth, parts = self._rows, self.depth, self._spelled.parts
-        if len(rows) == 1 and len(parts[rows[0]]) == depth:
-            self._here = rows
-            self._children = _NO_CHILDREN
-            return _NO_CHILDREN
-        if len(rows) == 1:
-            self._children = {parts[rows[0]][depth]: KeyNode(self._spelled, depth + 1, rows)}
-            return self._children
+        rows, keys, start = self._rows, self._spelled.keys, self._start
         with paused_gc() if len(rows) > _PAUSE_GC_ABOVE else nullcontext():
+            names = [keys[row][start:].partition(".")[0] for row in rows]
             groups: dict[str, list[int]] = {}
-            here = []
-            for row in rows:
-                segments = parts[row]
-                if len(segments) > depth:
-                    group = groups.get(segments[depth])
-                    if group is None:
-                        groups[segments[depth]] = [row]
-                    else:
-                        group.append(row)
+            at = 0
+            for name, run in groupby(names):  # keys below a prefix are mostly stored together
+                n = len(list(run))
+                if name in groups:
+                    groups[name].extend(rows[at : at + n])
                 else:
-                    here.append(row)
+                    groups[name] = rows[at : at + n]
+                at += n
+            here = [row for row in groups.get("", ()) if len(keys[row]) < start]
+            if here:  # keys that are this prefix itself, named "" like an empty segment below it
+                below = [row for row in groups.pop("") if len(keys[row]) >= start]
+                if below:  # in the order of each group's first key, as the keys were stored
+                    groups = dict(sorted({**groups, "": below}.items(), key=lambda g: g[1][0]))
             self._here = here or _NONE
             self._children = {
-                name: KeyNode(self._spelled, depth + 1, group) for name, group in groups.items()
-            }
+                name: KeyNode(self._spelled, self.depth + 1, group, start + len(name) + 1)
+                for name, group in groups.items()
+            } or _NO_CHILDREN
             if len(rows) > _PAUSE_GC_ABOVE:
                 for child in self._children.values():
                     child.by_dtype  # noqa: B018  (an expanded node shows them; total them in the pause)
@@ -262,32 +266,51 @@ class KeyNode:
 
 def sized(entry: Entry) -> tuple[str, int, int]:
     """(dtype, or "object" / "unknown" without one; numel; nbytes): what totals count.
-    The same as ``entry.numel`` / ``entry.nbytes``, in one pass (it runs once per key)."""
+    The same as ``entry.numel`` / ``entry.nbytes``, in one pass."""
     dtype, shape = entry.dtype, entry.shape
     numel = prod(shape) if shape is not None else 0
     if entry.kind != "tensor":
-        return dtype or "object", numel, sum(c.byte_length for c in entry.chunks)
+        return dtype or "object", numel, sum(map(_BYTE_LENGTH, entry.chunks))
     if dtype is None:
         return "unknown", numel, 0
     return dtype, numel, numel * itemsize(dtype)
+
+
+def sizes_of(entries: Iterable[Entry]) -> list[tuple[str, int, int]]:
+    """:func:`sized` of each entry; worked out once per tensor dtype and shape (a model
+    repeats a few dozen), so equal sizes are one shared tuple."""
+    known: dict[tuple[str | None, tuple[int, ...] | None], tuple[str, int, int]] = {}
+    out = []
+    for e in entries:
+        if e.kind != "tensor":
+            out.append(sized(e))
+            continue
+        size = known.get((e.dtype, e.shape))
+        if size is None:
+            size = known[e.dtype, e.shape] = sized(e)
+        out.append(size)
+    return out
 
 
 def add_rows(
     sums: dict[str, list[int]], rows: Iterable[int], sizes: list[tuple[str, int, int]]
 ) -> dict[str, list[int]]:
     """Count each row's (name, numel, nbytes) from ``sizes`` into ``sums``: one more value,
-    its elements and bytes, under its name (this runs once per key below a node)."""
-    get = sums.get
-    for row in rows:
-        name, numel, nbytes = sizes[row]
-        acc = get(name)
-        if acc is None:
-            sums[name] = [1, numel, nbytes]
-        else:
-            acc[0] += 1
-            acc[1] += numel
-            acc[2] += nbytes
+    its elements and bytes, under its name (each distinct size counted at C speed first)."""
+    for (name, numel, nbytes), n in Counter(map(sizes.__getitem__, rows)).items():
+        add_count(sums, name, n, numel, nbytes)
     return sums
+
+
+def add_count(sums: dict[str, list[int]], name: str, n: int, numel: int, nbytes: int) -> None:
+    """Count ``n`` values of ``numel`` elements and ``nbytes`` bytes each under ``name``."""
+    acc = sums.get(name)
+    if acc is None:
+        sums[name] = [n, n * numel, n * nbytes]
+    else:
+        acc[0] += n
+        acc[1] += n * numel
+        acc[2] += n * nbytes
 
 
 def ordered_totals(sums: dict[str, list[int]]) -> dict[str, Totals]:
@@ -306,4 +329,4 @@ def build_tree(
     ``sizes``: :func:`sized` of each entry, where the caller has them already."""
     with paused_gc():
         spelled = _Spelled(entries, view, sizes)
-        return KeyNode(spelled, 0, list(range(len(entries))))
+        return KeyNode(spelled, 0, list(range(len(entries))), 0)

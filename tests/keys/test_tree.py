@@ -114,6 +114,41 @@ def test_a_key_can_also_be_a_prefix(tmp_path: Path) -> None:
     assert node.by_dtype == {"float32": Totals(1, 3, 12), "bfloat16": Totals(1, 2, 4)}
 
 
+def test_empty_segments_and_keys_that_are_prefixes(tmp_path: Path) -> None:
+    """A key that is its node's prefix is not the empty segment of ``a.`` below it, and each
+    level lists its children in the order their first key was stored."""
+    state = {
+        "a": torch.ones(1),
+        "a.x": torch.ones(2),
+        "b.y": torch.ones(3),
+        "a.": torch.ones(4),
+        "a..z": torch.ones(5),
+        "a.x.w": torch.ones(6),
+        "c": torch.ones(7),
+        "c.": torch.ones(8),
+        "c.x": torch.ones(9),
+    }
+    ck = inspector.open(save_dcp(state, tmp_path / "ck"))
+    keys = ck.keys()
+    root = ck.tree()
+    assert [c.name for c in root.children()] == list(dict.fromkeys(k.split(".")[0] for k in keys))
+    for head in ("a", "c"):
+        node, below = root.child(head), [k for k in keys if k.startswith(f"{head}.")]
+        names = list(dict.fromkeys(k.split(".")[1] for k in below))
+        assert [c.name for c in node.children()] == names
+        assert node.entry is ck.entry(head) and node.count == len(below) + 1
+    assert [c.name for c in root.child("a").children()] == ["x", ""]  # as saved, if DCP keeps order
+    empty = root.child("a").child("")
+    assert (empty.prefix, empty.name, empty.depth, empty.count) == ("a.", "", 2, 2)
+    assert empty.entry is ck.entry("a.") and [c.prefix for c in empty.children()] == ["a..z"]
+    assert root.find("a..z").name == "z" and root.find("a..z").entry is ck.entry("a..z")
+    assert root.find("a.x").by_dtype == {"float32": Totals(2, 8, 32)}
+    assert root.find("c.").entry is ck.entry("c.") and root.find("c.").is_leaf
+    walked = build_tree(ck.entries()).child("a")
+    assert [n.prefix for n in walked.walk()] == ["a", "a.x", "a.x.w", "a.", "a..z"]
+    assert walked.by_dtype == {"float32": Totals(5, 1 + 2 + 4 + 5 + 6, 4 * 18)}
+
+
 def test_the_checkpoints_sizes_are_each_entrys_and_worked_out_once(demo_dir: Path) -> None:
     """What the header and the tree share: (dtype or kind, numel, nbytes) per entry."""
     ck = inspector.open(demo_dir / "fp8")

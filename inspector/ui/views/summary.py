@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from operator import attrgetter
 
 from inspector.checkpoint import Checkpoint
 from inspector.entry import COMPONENTS
 from inspector.gc_pause import paused_gc
-from inspector.keys.tree import Totals, ordered_totals
+from inspector.keys.tree import Totals, add_count, ordered_totals
 
 
 @dataclass(frozen=True)
@@ -31,33 +33,20 @@ def summarize(ck: Checkpoint) -> Summary:
     """Count and size everything from metadata alone (nothing is read), in one pass."""
     by_dtype: dict[str, list[int]] = {}
     by_component: dict[str, list[int]] = {}
-    tensors = [0, 0, 0]
-    with paused_gc():
-        # tallies inlined: this runs once per key
-        for e, (name, numel, nbytes) in zip(ck.entries(), ck.sizes(), strict=True):
-            acc = by_dtype.get(name)
-            if acc is None:
-                by_dtype[name] = [1, numel, nbytes]
-            else:
-                acc[0] += 1
-                acc[1] += numel
-                acc[2] += nbytes
-            acc = by_component.get(e.component)
-            if acc is None:
-                by_component[e.component] = [1, numel, nbytes]
-            else:
-                acc[0] += 1
-                acc[1] += numel
-                acc[2] += nbytes
-            if e.kind == "tensor":
-                tensors[0] += 1
-                tensors[1] += numel
-                tensors[2] += nbytes
+    by_kind: dict[str, list[int]] = {}
+    with paused_gc():  # each distinct (component, kind, size) is counted at C speed first
+        kinds = map(attrgetter("component", "kind"), ck.entries())
+        for ((component, kind), (name, numel, nbytes)), n in Counter(
+            zip(kinds, ck.sizes(), strict=True)
+        ).items():
+            add_count(by_dtype, name, n, numel, nbytes)
+            add_count(by_component, component, n, numel, nbytes)
+            add_count(by_kind, kind, n, numel, nbytes)
     return Summary(
         layout=ck.layout,
         layout_reason=ck.layout_reason,
         keys=len(ck),
-        tensors=Totals(*tensors),
+        tensors=Totals(*by_kind.get("tensor", ())),
         by_dtype=ordered_totals(by_dtype),
         by_component={
             c: Totals(*by_component[c]) for c in (*COMPONENTS, "other") if c in by_component

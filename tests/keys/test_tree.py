@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -147,6 +149,30 @@ def test_empty_segments_and_keys_that_are_prefixes(tmp_path: Path) -> None:
     walked = build_tree(ck.entries()).child("a")
     assert [n.prefix for n in walked.walk()] == ["a", "a.x", "a.x.w", "a.", "a..z"]
     assert walked.by_dtype == {"float32": Totals(5, 1 + 2 + 4 + 5 + 6, 4 * 18)}
+
+
+def test_every_node_is_what_splitting_the_keys_gives(tmp_path: Path) -> None:
+    """Random keys of few, often empty, segments: each node's keys, entry and children (in
+    the order of their first key) are what splitting every key at its dots gives."""
+    rng = random.Random(5)
+    segments = ["a", "b", "", "cc"]
+    made = {".".join(rng.choices(segments, k=rng.randint(1, 4))) for _ in range(80)}
+    state = {k: torch.ones(i + 1) for i, k in enumerate(rng.sample(sorted(made), len(made)))}
+    ck = inspector.open(save_dcp(state, tmp_path / "ck"))
+    keys = ck.keys()
+    split = [k.split(".") for k in keys]
+
+    def check(node: Any, path: list[str]) -> int:
+        below = [k for k, s in zip(keys, split, strict=True) if s[: len(path)] == path]
+        assert node.keys() == below and node.prefix == ".".join(path)
+        assert node.name == (path[-1] if path else "")
+        here = [k for k, s in zip(keys, split, strict=True) if s == path]
+        assert (node.entry.key if node.entry else None) == (here[0] if here else None)
+        nexts = [s[len(path)] for s in split if s[: len(path)] == path and len(s) > len(path)]
+        assert [c.name for c in node.children()] == list(dict.fromkeys(nexts))
+        return 1 + sum(check(c, [*path, c.name]) for c in node.children())
+
+    assert check(ck.tree(), []) == len({tuple(s[:n]) for s in split for n in range(len(s) + 1)})
 
 
 def test_the_checkpoints_sizes_are_each_entrys_and_worked_out_once(demo_dir: Path) -> None:

@@ -151,6 +151,14 @@ class KeyNode:
         if self._children is not None:
             return self._children
         rows, keys, start = self._rows, self._spelled.keys, self._start
+        if len(rows) == 1:  # most nodes: a leaf, or a chain of segments down to one
+            key = keys[rows[0]]
+            if len(key) < start:
+                self._here, self._children = rows, _NO_CHILDREN
+            else:
+                name = key[start:].partition(".")[0]
+                self._children = {name: self._child(rows, start + len(name) + 1)}
+            return self._children
         with paused_gc() if len(rows) > _PAUSE_GC_ABOVE else nullcontext():
             names = [keys[row][start:].partition(".")[0] for row in rows]
             groups: dict[str, list[int]] = {}
@@ -169,13 +177,15 @@ class KeyNode:
                     groups = dict(sorted({**groups, "": below}.items(), key=lambda g: g[1][0]))
             self._here = here or _NONE
             self._children = {
-                name: KeyNode(self._spelled, self.depth + 1, group, start + len(name) + 1)
-                for name, group in groups.items()
+                name: self._child(group, start + len(name) + 1) for name, group in groups.items()
             } or _NO_CHILDREN
             if len(rows) > _PAUSE_GC_ABOVE:
                 for child in self._children.values():
                     child.by_dtype  # noqa: B018  (an expanded node shows them; total them in the pause)
         return self._children
+
+    def _child(self, rows: list[int], start: int) -> KeyNode:
+        return KeyNode(self._spelled, self.depth + 1, rows, start)
 
     def children(self) -> list[KeyNode]:
         """The next level, in the order the keys were stored."""

@@ -22,6 +22,7 @@ from inspector.errors import (
     UnsupportedError,
     UsageError,
 )
+from inspector.gc_pause import paused_gc as _paused_gc
 from inspector.version import __version__
 
 if TYPE_CHECKING:
@@ -78,7 +79,8 @@ def open(path: str | os.PathLike, storage_options: dict[str, Any] | None = None)
     from a local path or an s3://, gs://, hf://, http(s):// URL; ``storage_options`` are the
     fsspec filesystem's (endpoint_url, key, secret, token, anon, ...), for URLs
     (``pip install checkpoint-inspector[remote]``)."""
-    from inspector.checkpoint import open as open_checkpoint
+    with _paused_gc():  # its modules, loaded on first use (see __getattr__)
+        from inspector.checkpoint import open as open_checkpoint
 
     return open_checkpoint(path, storage_options)
 
@@ -106,13 +108,16 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     """Load the public functions and classes on use (``inspector.fp8`` is the FP8 toolbox,
-    :mod:`inspector.tensors`)."""
+    :mod:`inspector.tensors`). Loading pauses the collector: a module's objects live on, and
+    with torch loaded a full collection would rescan its heap (0.1-0.2 s) for nothing."""
     import importlib
 
     if name == "fp8":
-        return importlib.import_module("inspector.tensors")
+        with _paused_gc():
+            return importlib.import_module("inspector.tensors")
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        with _paused_gc():
+            return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'inspector' has no attribute {name!r}")
 
 

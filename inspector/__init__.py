@@ -79,8 +79,7 @@ def open(path: str | os.PathLike, storage_options: dict[str, Any] | None = None)
     from a local path or an s3://, gs://, hf://, http(s):// URL; ``storage_options`` are the
     fsspec filesystem's (endpoint_url, key, secret, token, anon, ...), for URLs
     (``pip install checkpoint-inspector[remote]``)."""
-    with _paused_gc():  # its modules, loaded on first use (see __getattr__)
-        from inspector.checkpoint import open as open_checkpoint
+    from inspector.checkpoint import open as open_checkpoint
 
     return open_checkpoint(path, storage_options)
 

@@ -24,7 +24,6 @@ from inspector.exporting.shares import SourceRef, TensorPlan
 from inspector.exporting.verify import Verification
 from inspector.formats.safetensors import index_text, safetensors_dtype, write_safetensors
 from inspector.formats.writing import Item
-from inspector.gc_pause import paused_gc
 from inspector.storage.local import atomic_files
 from inspector.storage.remote import is_url
 from inspector.version import __version__
@@ -162,8 +161,7 @@ def export(
     this same call (``ckpt-inspect export`` sets it under torchrun); each writes its share,
     rank 0 the index (see :mod:`inspector.exporting.parallel`).
     """
-    with paused_gc():  # its modules, loaded on first use (see inspector.__getattr__)
-        from inspector.checkpoint import as_checkpoint
+    from inspector.checkpoint import as_checkpoint
 
     plan.check_choice("format", format, plan.EXPORT_FORMATS)
     plan.check_choice("on_error", on_error, plan.ON_ERROR)

@@ -99,13 +99,3 @@ def drive(dest: Path, corpus: Path, seconds: float, seed: int) -> subprocess.Com
         env=environment(dest), capture_output=True, text=True, timeout=seconds + 300, cwd=dest,
     )
 
-
-if __name__ == "__main__":
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        done = drive(build(Path(tmp) / "build"), Path(sys.argv[1]), float(sys.argv[2]),
-                     int.from_bytes(os.urandom(4), "little"))
-        sys.stdout.write(done.stdout)
-        sys.stderr.write(done.stderr[-20000:])
-        sys.exit(done.returncode)

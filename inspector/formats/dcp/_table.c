@@ -525,6 +525,12 @@ add_range(Ranges *r, Range one)
     return 0;
 }
 
+static void
+drop_ranges(Ranges *r)
+{
+    PyMem_Free(r->items);
+}
+
 /* Whether no two ranges of one file overlap (sorts them). */
 static int
 disjoint(Ranges *r)
@@ -631,7 +637,7 @@ items_fit(PyObject *self, PyObject *args)
     verdict = fits < 0 ? Py_NewRef(Py_None) : PyBool_FromLong(fits);
 done:
     Py_XDECREF(files);
-    PyMem_Free(ranges.items);
+    drop_ranges(&ranges);
     return verdict;
 }
 

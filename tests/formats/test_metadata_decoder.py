@@ -488,8 +488,8 @@ def test_every_capacity_boundary_input_is_declined() -> None:
     """Every array, growing opcode and count around each capacity (tests/native/boundaries.py):
     none is metadata, so each is declined (the sanitized build runs them too)."""
     consts = direct._consts()
-    names = [name for name, data in boundaries.inputs() if DECODER.entries(data, lambda n: {}, consts)]
-    assert names == []
+    taken = [name for name, data in boundaries.inputs() if DECODER.entries(data, dict, consts)]
+    assert taken == []
 
 
 def objects_first(folder: Path, count: int, big: bool) -> Path:
@@ -499,7 +499,8 @@ def objects_first(folder: Path, count: int, big: bool) -> Path:
     table, storage, planner = base()
     rows = 300 if big else 4
     half = rows // 2
-    first = {"model.a": tensor("model.a", (rows, 4), [((0, 0), (half, 4)), ((half, 0), (half, 4))], torch.float32)}
+    pieces = [((0, 0), (half, 4)), ((half, 0), (half, 4))]
+    first = {"model.a": tensor("model.a", (rows, 4), pieces, torch.float32)}
     objects = {f"obj.{i}": tmd.BytesStorageMetadata() for i in range(count)}
     table = {**first, **objects, **{k: v for k, v in table.items() if k != "model.a"}}
     for i, key in enumerate(objects):
@@ -507,7 +508,8 @@ def objects_first(folder: Path, count: int, big: bool) -> Path:
         planner[key] = ("obj", str(i))
     del storage[tmd.MetadataIndex("model.a", torch.Size((0, 0)))]
     for at in (0, half):
-        storage[index("model.a", (at, 0))] = _StorageInfo("__2_0.distcp", count + at * 16, half * 16)
+        record = _StorageInfo("__2_0.distcp", count + at * 16, half * 16)
+        storage[index("model.a", (at, 0))] = record
     metadata = tmd.Metadata(state_dict_metadata=table, planner_data=planner, storage_data=storage)
     folder.mkdir()
     for name, size in {**FILES, "__2_0.distcp": count + rows * 16}.items():

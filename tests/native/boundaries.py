@@ -70,7 +70,9 @@ TRIGGERS: dict[str, bytes] = {
     "reduce_size": global_("torch", "Size") + b"K\x01K\x02\x86\x85R.",
     "reduce_memory_format_no_args": global_(MODULE, "_MEM_FORMAT_ENCODING") + b")R.",
     "reduce_memory_format": global_(MODULE, "_MEM_FORMAT_ENCODING") + b"K\x01\x85R.",
-    "reduce_layout": global_("torch.serialization", "_get_layout") + text("torch.strided") + b"\x85R.",
+    "reduce_layout": global_("torch.serialization", "_get_layout")
+    + text("torch.strided")
+    + b"\x85R.",
     "newobj": global_(MODULE, "Metadata") + b")\x81.",
     "build_dict": global_(MODULE, "StorageMeta") + b")\x81" + state(save_id=text("a")) + b"b.",
     "build_tuple": global_(MODULE, "TensorProperties") + b")\x81(K\x01K\x02K\x03K\x04K\x05tb.",

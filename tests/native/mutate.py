@@ -66,6 +66,8 @@ def _nest(data: bytes, ops: list, rng: random.Random) -> bytes:
 
 
 def _bytes(data: bytes, ops: list, rng: random.Random) -> bytes:
+    if not data:
+        return bytes([rng.randrange(256)])
     at = rng.randrange(len(data))
     if rng.random() < 0.5:
         return data[:at] + bytes([rng.randrange(256)]) + data[at + 1 :]

@@ -55,7 +55,9 @@ def compile_one(source: Path, out: Path) -> None:
     include = sysconfig.get_paths()["include"]
     subprocess.run(
         [compiler(), *FLAGS, f"-I{include}", str(source), "-o", str(out)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -80,6 +82,7 @@ def environment(dest: Path) -> dict[str, str]:
         ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1",
         UBSAN_OPTIONS="print_stacktrace=1",
         PYTHONMALLOC="malloc",
+        SANITIZED_BUILD=str(dest),
     )
     return env
 
@@ -87,8 +90,12 @@ def environment(dest: Path) -> dict[str, str]:
 def run(dest: Path, code: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """``python -c code`` under the sanitized build."""
     return subprocess.run(
-        [sys.executable, "-c", code], env=environment(dest), capture_output=True, text=True,
-        timeout=timeout, cwd=dest,
+        [sys.executable, "-c", code],
+        env=environment(dest),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=dest,
     )
 
 
@@ -96,6 +103,9 @@ def drive(dest: Path, corpus: Path, seconds: float, seed: int) -> subprocess.Com
     """drive.py over ``corpus`` (see there) under the sanitized build."""
     return subprocess.run(
         [sys.executable, str(ROOT / "tests/native/drive.py"), str(corpus), str(seconds), str(seed)],
-        env=environment(dest), capture_output=True, text=True, timeout=seconds + 300, cwd=dest,
+        env=environment(dest),
+        capture_output=True,
+        text=True,
+        timeout=seconds + 300,
+        cwd=dest,
     )
-

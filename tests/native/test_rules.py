@@ -14,7 +14,14 @@ from tests.native.sanitized import EXTENSIONS, ROOT
 
 # The growable arrays of each file (the fields PyMem_Realloc resizes).
 GROWABLE = {
-    "inspector/formats/safe_pickle/_metadata.c": ("nodes", "pool", "stack", "memo", "marks", "made"),
+    "inspector/formats/safe_pickle/_metadata.c": (
+        "nodes",
+        "pool",
+        "stack",
+        "memo",
+        "marks",
+        "made",
+    ),
     "inspector/formats/safe_pickle/_opscan.c": (),
     "inspector/formats/dcp/_table.c": ("items",),
 }
@@ -46,7 +53,9 @@ def test_no_node_pointer_is_kept() -> None:
     writes = re.findall(r"node_w\([^;]*", code)
     assert writes
     for write in writes:
-        assert re.fullmatch(r"node_w\([^()]*(?:\([^()]*\))?[^()]*\)->\w+ = .*", write, re.DOTALL), write
+        assert re.fullmatch(r"node_w\([^()]*(?:\([^()]*\))?[^()]*\)->\w+ = .*", write, re.DOTALL), (
+            write
+        )
 
 
 def test_opscan_refuses_a_limit_past_the_data() -> None:

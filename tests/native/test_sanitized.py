@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.hostile import damage, paths, pickles
+from tests.hostile.tally import TALLY
 from tests.native import sanitized
 
 SECONDS = float(os.environ.get("SANITIZED_FUZZ_SECONDS", "30"))
@@ -62,6 +63,7 @@ def test_the_native_decoders_under_sanitizers(build: Path, corpus: Path) -> None
     done = sanitized.drive(build, corpus, SECONDS, seed)
     assert done.returncode == 0, f"seed {seed}: {done.stderr[-6000:]}"
     counts = json.loads(done.stdout.strip().splitlines()[-1])
+    TALLY.native = counts
     assert counts["boundaries"] > 10_000
     assert counts["folders"] >= 20
     assert counts["mutants"] > 100

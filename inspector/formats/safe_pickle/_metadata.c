@@ -238,26 +238,30 @@ take(Vm *vm, size_t n, uint32_t *at)
     return 0;
 }
 
+/* Whether [at, at + n) lies inside [0, limit). */
+static inline int
+within(size_t at, size_t n, size_t limit)
+{
+    size_t end;
+    return add_size(at, n, &end) && end <= limit;
+}
+
 /* pool[to .. to + n) = pool[from .. from + n) (n: a count of slots already taken). */
 static void
 pool_copy(Vm *vm, size_t to, size_t from, size_t n)
 {
-    size_t to_end, from_end;
-    if (!add_size(to, n, &to_end) || !add_size(from, n, &from_end) || to_end > vm->n_pool
-        || from_end > vm->n_pool)
-        out_of_range(vm);
-    else memmove(vm->pool + to, vm->pool + from, n * sizeof(uint32_t));
+    if (within(to, n, vm->n_pool) && within(from, n, vm->n_pool))
+        memmove(vm->pool + to, vm->pool + from, n * sizeof(uint32_t));
+    else out_of_range(vm);
 }
 
 /* pool[to .. to + n) = the stack's items from `from` on (popped by the caller). */
 static void
 pool_from_stack(Vm *vm, size_t to, size_t from, size_t n)
 {
-    size_t to_end, from_end;
-    if (!add_size(to, n, &to_end) || !add_size(from, n, &from_end) || to_end > vm->n_pool
-        || from_end > vm->n_stack)
-        out_of_range(vm);
-    else memcpy(vm->pool + to, vm->stack + from, n * sizeof(uint32_t));
+    if (within(to, n, vm->n_pool) && within(from, n, vm->n_stack))
+        memcpy(vm->pool + to, vm->stack + from, n * sizeof(uint32_t));
+    else out_of_range(vm);
 }
 
 static int

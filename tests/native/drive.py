@@ -82,11 +82,13 @@ def main(corpus: Path, seconds: float, seed: int) -> int:
         counts["folders"] += 1
     rng = random.Random(seed)
     seeds = [(folder, (folder / ".metadata").read_bytes()) for folder in folders]
+    parsed = [mutate.ops(data) for _, data in seeds]
     work = corpus.parent / "mutants"
     end = time.monotonic() + seconds
     while seeds and time.monotonic() < end:
-        folder, data = rng.choice(seeds)
-        mutant = mutate.mutant(data, rng)
+        pick = rng.randrange(len(seeds))
+        folder, data = seeds[pick]
+        mutant = mutate.mutant(data, rng, parsed[pick])
         decode(mutant)
         counts["mutants"] += 1
         if counts["mutants"] % 10 == 0:

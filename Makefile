@@ -27,9 +27,12 @@ test: dev-env
 	$(PY) -m mypy
 	$(PY) -m pytest
 
-# Many more fuzz examples than `make test` runs, with a fresh seed each time.
+# Many more fuzz examples than `make test` runs, with a fresh seed each time; the native
+# decoders' sanitized (ASan+UBSan) structure-aware pass for FUZZ_SECONDS (tests/native/).
+FUZZ_SECONDS ?= 600
 fuzz: dev-env
 	FUZZ_PROFILE=fuzz $(PY) -m pytest tests/test_fuzz.py tests/test_fuzz_structure.py
+	SANITIZED_FUZZ_SECONDS=$(FUZZ_SECONDS) SANITIZED_FUZZ_SEED=random $(PY) -m pytest tests/native/test_sanitized.py
 
 demo: $(DEMO)/.built
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/inspect.ipynb

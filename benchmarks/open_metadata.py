@@ -5,6 +5,11 @@ ranks (about 3,400 keys, 218k chunk entries) beside its 64 data files (sparse, s
 real ones, so every record checks out as in a genuine checkpoint), then times, interleaved,
 torch's ``FileSystemReader.read_metadata()`` and ``inspector.open(path).table()``.
 Goal: ours / torch's <= 0.5 in every round (the ratio of each interleaved pair).
+Then each C extension against the Python code it stands in for, on the same file (goal:
+native / Python <= 0.5, or the extension goes): ``_metadata.c`` (the whole read of
+``.metadata`` into entries, vs unpickling and building them in Python), ``_table.c`` (the
+entries of the unpickled metadata and the check of their items) and ``_opscan.c`` (the
+pickle's size pre-scan); the median of the interleaved rounds' ratios.
 Run: ``.venv/bin/python benchmarks/open_metadata.py [rounds]`` (default 3).
 """
 
@@ -33,8 +38,12 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 import inspector
+from inspector.formats.dcp import reader
+from inspector.formats.safe_pickle import direct, prescan
+from inspector.storage.local import LocalStorage
 
 GOAL = 0.5
+NATIVE_GOAL = 0.5  # native / Python: a C extension must be at least twice as fast
 
 RANKS, DIM, FFN, VOCAB, LAYERS, KV = 64, 16384, 53248, 128256, 126, 1024
 
@@ -107,6 +116,41 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def native_gains(folder: Path, rounds: int) -> bool:
+    """Each C extension timed against its Python path, interleaved; prints native / Python."""
+    storage, data = LocalStorage(folder), (folder / ".metadata").read_bytes()
+    native = (direct._metadata, reader._table, prescan._clean)
+
+    def python_only(on: bool) -> None:
+        direct._metadata, reader._table, prescan._clean = native if on else (None, None, None)
+
+    def read() -> object:
+        return reader._read(storage, [".metadata"], ".metadata")
+
+    decoded, problems = reader._read_metadata(storage, ".metadata", data)
+
+    def table() -> object:
+        reader._shared_chunk_lists(decoded.state_dict_metadata, ".metadata")
+        entries = reader._entries(decoded, problems, storage, ".metadata")
+        return reader._check_items(entries, set(), ".metadata")
+
+    def scan() -> object:
+        found = prescan.fast_scan_clean(data, 0)
+        return found if found is not None else sum(1 for _ in prescan._claimed_sizes(data, 0))
+
+    met = True
+    for name, step in (("_metadata.c", read), ("_table.c", table), ("_opscan.c", scan)):
+        ratios = []
+        for _ in range(rounds):
+            python_only(True)
+            fast = timed(step)
+            python_only(False)
+            ratios.append(fast / timed(step))
+        python_only(True)
+        met &= goal_line(f"{name} / Python <= {NATIVE_GOAL}", ratios, NATIVE_GOAL)
+    return met
+
+
 def main(rounds: int = 3) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -122,7 +166,8 @@ def main(rounds: int = 3) -> bool:
         print(f"inspector.open + table:               {o:.2f} s (median; {spread(ours)})")
         print(f"load average: {os.getloadavg()[0]:.2f}")
         ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
-        return goal_line(f"inspector / torch <= {GOAL}", ratios, GOAL, every=True)
+        met = goal_line(f"inspector / torch <= {GOAL}", ratios, GOAL, every=True)
+        return native_gains(folder, rounds) and met
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from inspector.formats.base import file_sizes
 from inspector.formats.dcp import reader
 from inspector.formats.safe_pickle import direct
 from inspector.storage.local import LocalStorage
+from tests.native import boundaries
 
 DECODER = direct._metadata
 FILES = {"__0_0.distcp": 4096, "__1_0.distcp": 100}
@@ -463,3 +464,66 @@ def test_an_unknown_memory_format_is_declined(tmp_path: Path) -> None:
     took, fast, slow = both(folder)
     assert not took
     assert fast == slow and fast[0] is CorruptCheckpointError
+
+
+# --- capacity boundaries (issue 34: a pointer kept across the node array's growth) -------------
+
+
+def test_the_issue_use_after_free_input_is_declined_and_refused_alike(tmp_path: Path) -> None:
+    """80 04, 246 EMPTY_LISTs, a pathlib.PosixPath REDUCE whose node fills the array (512),
+    STOP: the native decoder declines it and both paths refuse the file alike."""
+    data = boundaries.issue_input()
+    assert len(data) == 275
+    assert DECODER.entries(data, lambda names: {}, direct._consts()) is None
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(data)
+    took, fast, slow = both(folder)
+    assert not took
+    assert fast == slow
+    assert fast[0] is CorruptCheckpointError
+
+
+def test_every_capacity_boundary_input_is_declined() -> None:
+    """Every array, growing opcode and count around each capacity (tests/native/boundaries.py):
+    none is metadata, so each is declined (the sanitized build runs them too)."""
+    consts = direct._consts()
+    taken = [name for name, data in boundaries.inputs() if DECODER.entries(data, dict, consts)]
+    assert taken == []
+
+
+def objects_first(folder: Path, count: int, big: bool) -> Path:
+    """A sound file whose table starts with a tensor in two row shards, 4 or 300 rows (300:
+    one int node more), then `count` object keys (two nodes each): its node count passes
+    each value as `count` and `big` vary, at a string or at a NEWOBJ."""
+    table, storage, planner = base()
+    rows = 300 if big else 4
+    half = rows // 2
+    pieces = [((0, 0), (half, 4)), ((half, 0), (half, 4))]
+    first = {"model.a": tensor("model.a", (rows, 4), pieces, torch.float32)}
+    objects = {f"obj.{i}": tmd.BytesStorageMetadata() for i in range(count)}
+    table = {**first, **objects, **{k: v for k, v in table.items() if k != "model.a"}}
+    for i, key in enumerate(objects):
+        storage[tmd.MetadataIndex(key)] = _StorageInfo("__2_0.distcp", i, 1)
+        planner[key] = ("obj", str(i))
+    del storage[tmd.MetadataIndex("model.a", torch.Size((0, 0)))]
+    for at in (0, half):
+        record = _StorageInfo("__2_0.distcp", count + at * 16, half * 16)
+        storage[index("model.a", (at, 0))] = record
+    metadata = tmd.Metadata(state_dict_metadata=table, planner_data=planner, storage_data=storage)
+    folder.mkdir()
+    for name, size in {**FILES, "__2_0.distcp": count + rows * 16}.items():
+        (folder / name).write_bytes(b"\0" * size)
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata, protocol=4))
+    return folder
+
+
+@pytest.mark.parametrize("cap", [512, 1024])
+def test_sound_files_across_each_node_capacity_read_alike(tmp_path: Path, cap: int) -> None:
+    fixed = boundaries.constants()["SMALL_ID"] + boundaries.constants()["SMALL_INTS"]
+    middle = (cap - fixed) // 2
+    for count in range(max(0, middle - 16), middle + 2):
+        for big in (False, True):
+            took, fast, slow = both(objects_first(tmp_path / f"{count}-{big}", count, big))
+            assert took
+            assert fast == slow

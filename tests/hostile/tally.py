@@ -23,6 +23,7 @@ class Tally:
     outcomes: Counter[str] = field(default_factory=Counter)
     slowest_example: tuple[float, str] = (0.0, "")
     isolated: dict[str, str] = field(default_factory=dict)  # case -> outcome
+    native: dict[str, float] = field(default_factory=dict)  # tests/native/drive.py's counts
 
     def measured(self, name: str, slowest: tuple[float, str], traced: int, rss: int) -> None:
         self.slowest_call = max(self.slowest_call, (slowest[0], f"{name}: {slowest[1]}"))
@@ -62,6 +63,13 @@ class Tally:
                 f"fuzz: {sum(self.examples.values())} examples ({families}), {failures} "
                 f"failures; outcomes: {outcomes}; slowest example "
                 f"{self.slowest_example[0]:.2f} s ({self.slowest_example[1]})"
+            )
+        if self.native:
+            n = self.native
+            lines.append(
+                f"native decoders under ASan+UBSan: {n['boundaries']:.0f} boundary inputs, "
+                f"{n['folders']:.0f} corpus folders native vs Python, {n['mutants']:.0f} "
+                f"mutants in {n['seconds']} s ({n['mutants_opened']:.0f} opened both ways)"
             )
         return lines
 

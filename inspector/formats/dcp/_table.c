@@ -97,7 +97,7 @@ nested_path(PyObject *key, PyObject *planner)
 static PyObject *
 chunk(const Consts *c, PyObject *offsets, PyObject *sizes, PyObject *info, PyObject *file_sizes)
 {
-    long long start, length, size;
+    long long start, length, size, end;
     if (Py_TYPE(info) != c->storage_info) return NULL;
     PyObject *fields[4] = {NULL, NULL, NULL, NULL}; /* path, offset, length, transforms */
     PyObject *names[4] = {s_relative_path, s_offset, s_length, s_transforms};
@@ -120,7 +120,8 @@ chunk(const Consts *c, PyObject *offsets, PyObject *sizes, PyObject *info, PyObj
         goto done;
     }
     file_size = PyDict_GetItemWithError(file_sizes, fields[0]);
-    if (file_size == NULL || !small_int(file_size, LLONG_MAX, &size) || start + length > size)
+    if (file_size == NULL || !small_int(file_size, LLONG_MAX, &size)
+        || __builtin_add_overflow(start, length, &end) || end > size)
         goto done;
     if ((result = c->chunk_info->tp_alloc(c->chunk_info, 6)) == NULL) goto done;
     PyObject *items[6] = {offsets, sizes, fields[0], fields[1], fields[2], transforms};
@@ -500,6 +501,51 @@ by_place(const void *a, const void *b)
     return (x->start > y->start) - (x->start < y->start);
 }
 
+/* STORAGE BEGIN: the one growable array here (see _metadata.c's rules) */
+typedef struct {
+    Range *items;
+    Py_ssize_t used, room;
+} Ranges;
+
+/* Appends `one` (a copy: no pointer into the array is handed out); -1 out of memory. */
+static int
+add_range(Ranges *r, Range one)
+{
+    if (r->used == r->room) {
+        Py_ssize_t room = r->room ? 2 * r->room : 1024;
+        Range *more = PyMem_Realloc(r->items, sizeof(Range) * (size_t)room);
+        if (more == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        r->items = more;
+        r->room = room;
+    }
+    r->items[r->used++] = one;
+    return 0;
+}
+
+static void
+drop_ranges(Ranges *r)
+{
+    PyMem_Free(r->items);
+}
+
+/* Whether no two ranges of one file overlap (sorts them). */
+static int
+disjoint(Ranges *r)
+{
+    if (r->used > 1) qsort(r->items, (size_t)r->used, sizeof(Range), by_place);
+    /* Sorted by start, and none overlapping so far: the previous range ends furthest. */
+    for (Py_ssize_t k = 1; k < r->used; k++) {
+        const Range x = r->items[k - 1], y = r->items[k];
+        if (x.file == y.file && y.start < x.end) return 0;
+    }
+    return 1;
+}
+/* STORAGE END */
+
+
 /* Whether one sound chunk (a 6-field ChunkInfo of ints) of a tensor or object holds room
  * for its elements; its byte range goes to `ranges`. 1 fits, 0 does not, -1 undecided. */
 static int
@@ -549,8 +595,7 @@ items_fit(PyObject *self, PyObject *args)
 {
     PyObject *entries, *safetensors, *files = NULL, *verdict = NULL;
     long long ratio;
-    Range *ranges = NULL;
-    Py_ssize_t used = 0, room = 0;
+    Ranges ranges = {NULL, 0, 0};
     int fits = 1;
     if (!PyArg_ParseTuple(args, "O!OL:items_fit", &PyList_Type, &entries, &safetensors, &ratio))
         return NULL;
@@ -572,19 +617,13 @@ items_fit(PyObject *self, PyObject *args)
         if ((chunks = PyObject_GetAttr(entry, s_chunks)) == NULL) goto done;
         if (!PyTuple_Check(chunks)) fits = -1;
         for (Py_ssize_t k = 0; fits == 1 && k < PyTuple_GET_SIZE(chunks); k++) {
-            if (used == room) {
-                room = room ? 2 * room : 1024;
-                Range *more = PyMem_Realloc(ranges, sizeof(Range) * (size_t)room);
-                if (more == NULL) {
-                    Py_DECREF(chunks);
-                    PyErr_NoMemory();
-                    goto done;
-                }
-                ranges = more;
-            }
+            Range one;
             fits = chunk_fits(PyTuple_GET_ITEM(chunks, k), tensor, safetensors, ratio, files,
-                              &ranges[used]);
-            if (fits == 1 && ranges[used].end > ranges[used].start) used++;
+                              &one);
+            if (fits == 1 && one.end > one.start && add_range(&ranges, one) < 0) {
+                Py_DECREF(chunks);
+                goto done;
+            }
         }
         Py_DECREF(chunks);
     }
@@ -594,17 +633,11 @@ items_fit(PyObject *self, PyObject *args)
         PyErr_Clear(); /* a record it does not follow: Python looks */
         fits = -1;
     }
-    if (fits == 1) {
-        if (used > 1) qsort(ranges, (size_t)used, sizeof(Range), by_place);
-        /* Sorted by start, and none overlapping so far: the previous range ends furthest. */
-        for (Py_ssize_t k = 1; k < used && fits == 1; k++) {
-            fits = ranges[k].file != ranges[k - 1].file || ranges[k].start >= ranges[k - 1].end;
-        }
-    }
+    if (fits == 1) fits = disjoint(&ranges);
     verdict = fits < 0 ? Py_NewRef(Py_None) : PyBool_FromLong(fits);
 done:
     Py_XDECREF(files);
-    PyMem_Free(ranges);
+    drop_ranges(&ranges);
     return verdict;
 }
 

@@ -85,20 +85,6 @@ typedef struct {
 } Node;
 _Static_assert(sizeof(Node) == 16, "a node is 16 bytes");
 
-typedef struct {
-    const unsigned char *data;
-    size_t size, pos, op, frame_end; /* op: where the opcode being run starts */
-    Node *nodes;
-    size_t n_nodes, cap_nodes;
-    uint32_t *pool, *stack, *memo;
-    size_t n_pool, cap_pool, n_stack, cap_stack, n_memo, cap_memo;
-    size_t *marks;
-    size_t n_marks, cap_marks;
-    long long path_budget;
-    PyObject *dtypes; /* {torch.<name>: dtype name} */
-    uint32_t field_names[N_CLASSES][MAX_FIELDS]; /* the string node last found naming each */
-} Vm;
-
 /* The number of fields of a class (its pool slots), at least one. */
 static int
 field_count(int cls)
@@ -108,13 +94,62 @@ field_count(int cls)
     return n ? n : 1;
 }
 
+/* --- growable storage: the only code that touches the arrays ----------------------------
+ *
+ * Rules (tests/native/test_rules.py checks them on the source): the growable arrays (nodes,
+ * pool, stack, memo, marks, and Build's made) are named only between the STORAGE markers;
+ * everything else reads a node as a copy (node()), writes one field through node_w() in the
+ * same expression, and holds indices, never pointers, so no pointer into an array survives
+ * a call that may grow it. Every index is checked: one out of range marks the run broken
+ * (its verdict is then DECLINE) and reads a poison node no opcode accepts; a build with
+ * -DINSPECTOR_NATIVE_STRICT (the sanitizer test's) aborts there instead. Sizes an input
+ * supplies are summed with add_size() (checked). */
+/* STORAGE BEGIN */
+typedef struct {
+    const unsigned char *data;
+    size_t size, pos, op, frame_end; /* op: where the opcode being run starts */
+    Node *nodes;
+    size_t n_nodes, cap_nodes;
+    uint32_t *pool, *stack, *memo;
+    size_t n_pool, cap_pool, n_stack, cap_stack, n_memo, cap_memo;
+    size_t *marks;
+    size_t n_marks, cap_marks;
+    Node scratch; /* what node_w() gives for an index out of range */
+    int broken;   /* an index was out of range: the run declines */
+    long long path_budget;
+    PyObject *dtypes; /* {torch.<name>: dtype name} */
+    uint32_t field_names[N_CLASSES][MAX_FIELDS]; /* the string node last found naming each */
+} Vm;
+
+/* An index out of range: a bug the checks contain (strict builds stop at it). */
+static void
+out_of_range(Vm *vm)
+{
+#ifdef INSPECTOR_NATIVE_STRICT
+    (void)vm;
+    abort();
+#else
+    vm->broken = 1;
+#endif
+}
+
+/* a + b into *sum; 0 where it does not fit. */
+static inline int
+add_size(size_t a, size_t b, size_t *sum)
+{
+    return !__builtin_add_overflow(a, b, sum);
+}
+
 static int
 grow(void **items, size_t *cap, size_t need, size_t item)
 {
     if (need <= *cap) return 0;
-    size_t wanted = *cap ? *cap : 64;
-    while (wanted < need) wanted *= 2;
-    void *bigger = PyMem_Realloc(*items, wanted * item);
+    size_t wanted = *cap ? *cap : 64, bytes;
+    while (wanted < need) {
+        if (__builtin_mul_overflow(wanted, 2, &wanted)) return PyErr_NoMemory(), FAIL;
+    }
+    if (__builtin_mul_overflow(wanted, item, &bytes)) return PyErr_NoMemory(), FAIL;
+    void *bigger = PyMem_Realloc(*items, bytes);
     if (bigger == NULL) {
         PyErr_NoMemory();
         return FAIL;
@@ -124,6 +159,8 @@ grow(void **items, size_t *cap, size_t need, size_t item)
     return 0;
 }
 
+/* Room for what genuine metadata of its size holds (a node per 7-10 bytes), so that
+ * growing seldom copies. */
 static int
 reserve(Vm *vm)
 {
@@ -134,25 +171,97 @@ reserve(Vm *vm)
     return 0;
 }
 
+static void
+release(Vm *vm)
+{
+    PyMem_Free(vm->nodes);
+    PyMem_Free(vm->pool);
+    PyMem_Free(vm->stack);
+    PyMem_Free(vm->memo);
+    PyMem_Free(vm->marks);
+}
+
+/* A copy of node `id` (the poison node, kind K_SPENT, where there is none). */
+static inline Node
+node(Vm *vm, uint32_t id)
+{
+    if (id < vm->n_nodes) return vm->nodes[id];
+    out_of_range(vm);
+    return (Node){.kind = K_SPENT};
+}
+
+/* Node `id` to write one field of, in the same expression (the scratch node where there is
+ * none). Never kept: the next new_node() may move the array. */
+static inline Node *
+node_w(Vm *vm, uint32_t id)
+{
+    if (id < vm->n_nodes) return &vm->nodes[id];
+    out_of_range(vm);
+    vm->scratch = (Node){.kind = K_SPENT};
+    return &vm->scratch;
+}
+
 static int
 new_node(Vm *vm, uint8_t kind, uint32_t *id)
 {
-    if (grow((void **)&vm->nodes, &vm->cap_nodes, vm->n_nodes + 1, sizeof(Node))) return FAIL;
     if (vm->n_nodes >= UNSET) return DECLINE;
+    if (grow((void **)&vm->nodes, &vm->cap_nodes, vm->n_nodes + 1, sizeof(Node))) return FAIL;
     vm->nodes[vm->n_nodes] = (Node){.kind = kind};
     *id = (uint32_t)vm->n_nodes++;
     return 0;
+}
+
+static inline uint32_t
+pool_get(Vm *vm, size_t at)
+{
+    if (at < vm->n_pool) return vm->pool[at];
+    out_of_range(vm);
+    return UNSET;
+}
+
+static inline void
+pool_set(Vm *vm, size_t at, uint32_t value)
+{
+    if (at < vm->n_pool) vm->pool[at] = value;
+    else out_of_range(vm);
 }
 
 /* n pool slots, their start in *at. */
 static int
 take(Vm *vm, size_t n, uint32_t *at)
 {
-    if (grow((void **)&vm->pool, &vm->cap_pool, vm->n_pool + n, sizeof(uint32_t))) return FAIL;
-    if (vm->n_pool + n >= UNSET) return DECLINE;
+    size_t end;
+    if (!add_size(vm->n_pool, n, &end) || end >= UNSET) return DECLINE;
+    if (grow((void **)&vm->pool, &vm->cap_pool, end, sizeof(uint32_t))) return FAIL;
     *at = (uint32_t)vm->n_pool;
-    vm->n_pool += n;
+    vm->n_pool = end;
     return 0;
+}
+
+/* Whether [at, at + n) lies inside [0, limit). */
+static inline int
+within(size_t at, size_t n, size_t limit)
+{
+    size_t end;
+    return add_size(at, n, &end) && end <= limit;
+}
+
+/* pool[to .. to + n) = pool[from .. from + n) (n: a count of slots already taken). */
+static void
+pool_copy(Vm *vm, size_t to, size_t from, size_t n)
+{
+    if (within(to, n, vm->n_pool) && within(from, n, vm->n_pool))
+        memmove(vm->pool + to, vm->pool + from, n * sizeof(uint32_t));
+    else out_of_range(vm);
+}
+
+/* pool[to .. to + n) = the stack's items from `from` on (popped by the caller). */
+static void
+pool_from_stack(Vm *vm, size_t to, size_t from, size_t n)
+{
+    if (within(to, n, vm->n_pool) && within(from, n, vm->n_stack))
+        memcpy(vm->pool + to, vm->stack + from, n * sizeof(uint32_t));
+    else out_of_range(vm);
 }
 
 static int
@@ -163,11 +272,68 @@ push(Vm *vm, uint32_t id)
     return 0;
 }
 
+/* The stack item at height k. */
+static inline uint32_t
+stack_get(Vm *vm, size_t k)
+{
+    if (k < vm->n_stack) return vm->stack[k];
+    out_of_range(vm);
+    return UNSET;
+}
+
+/* The item `depth` below the top (1: the top). */
+static inline uint32_t
+stack_top(Vm *vm, size_t depth)
+{
+    return depth <= vm->n_stack ? stack_get(vm, vm->n_stack - depth) : stack_get(vm, SIZE_MAX);
+}
+
+static int
+memoize(Vm *vm, uint32_t id)
+{
+    if (grow((void **)&vm->memo, &vm->cap_memo, vm->n_memo + 1, sizeof(uint32_t))) return FAIL;
+    vm->memo[vm->n_memo++] = id;
+    return 0;
+}
+
+/* Memo entry `at`, or UNSET (DECLINE) where there is none. */
+static inline uint32_t
+memo_get(Vm *vm, size_t at)
+{
+    return at < vm->n_memo ? vm->memo[at] : UNSET;
+}
+
+static int
+push_mark(Vm *vm)
+{
+    if (grow((void **)&vm->marks, &vm->cap_marks, vm->n_marks + 1, sizeof(size_t))) return FAIL;
+    vm->marks[vm->n_marks++] = vm->n_stack;
+    return 0;
+}
+
+/* The stack height at the last mark (0 without one: the stack's bottom). */
+static inline size_t
+last_mark(const Vm *vm)
+{
+    return vm->n_marks ? vm->marks[vm->n_marks - 1] : 0;
+}
+
+/* Pops the last mark: the stack height it stood at, in *at; DECLINE without one, or when
+ * the container the opcode adds to would lie below the mark before it. */
+static int
+pop_mark(Vm *vm, size_t *at, int container)
+{
+    if (vm->n_marks == 0) return DECLINE;
+    *at = vm->marks[--vm->n_marks];
+    return container && *at <= last_mark(vm) ? DECLINE : 0;
+}
+/* STORAGE END */
+
 /* Items above the last mark (pickle's fence: nothing below it may be popped). */
 static size_t
 above_fence(const Vm *vm)
 {
-    return vm->n_stack - (vm->n_marks ? vm->marks[vm->n_marks - 1] : 0);
+    return vm->n_stack - last_mark(vm);
 }
 
 static int
@@ -210,30 +376,40 @@ little(const unsigned char *p, size_t n)
     return value;
 }
 
-/* The length of the string node's text (pickled just before it). */
-static size_t
-text_length(const Vm *vm, const Node *node)
+/* The text of string node n (its length, pickled just before it, in *length); an empty
+ * text for any other node. */
+static const unsigned char *
+text_of(Vm *vm, Node n, size_t *length)
 {
-    return (size_t)little(vm->data + node->a - node->sub, node->sub);
+    *length = 0;
+    if (n.kind != K_STR || n.sub > 8 || n.a < n.sub || n.a > vm->size) {
+        if (n.kind != K_SPENT) out_of_range(vm);
+        return vm->data;
+    }
+    size_t found = (size_t)little(vm->data + n.a - n.sub, n.sub);
+    if (found > vm->size - n.a) out_of_range(vm);
+    else *length = found;
+    return vm->data + n.a;
 }
 
 static int
-same_text(const Vm *vm, uint32_t id, const char *text)
+same_text(Vm *vm, uint32_t id, const char *text)
 {
-    const Node *node = &vm->nodes[id];
-    size_t n = strlen(text);
-    return node->kind == K_STR && text_length(vm, node) == n
-           && memcmp(vm->data + node->a, text, n) == 0;
+    Node n = node(vm, id);
+    if (n.kind != K_STR) return 0;
+    size_t length, wanted = strlen(text);
+    const unsigned char *p = text_of(vm, n, &length);
+    return length == wanted && memcmp(p, text, wanted) == 0;
 }
 
 /* The next n argument bytes of the opcode being run, inside the data and its frame. */
 static const unsigned char *
 argument(Vm *vm, size_t n)
 {
-    size_t at = vm->pos;
-    if (n > vm->size - at) return NULL;
-    if (vm->op < vm->frame_end && at + n > vm->frame_end) return NULL;
-    vm->pos = at + n;
+    size_t at = vm->pos, end;
+    if (!add_size(at, n, &end) || end > vm->size) return NULL;
+    if (vm->op < vm->frame_end && end > vm->frame_end) return NULL;
+    vm->pos = end;
     return vm->data + at;
 }
 
@@ -244,7 +420,7 @@ push_int(Vm *vm, int64_t value)
     uint32_t id;
     int status = new_node(vm, K_INT, &id);
     if (status) return status;
-    vm->nodes[id].i = value;
+    node_w(vm, id)->i = value;
     return push(vm, id);
 }
 
@@ -259,22 +435,24 @@ push_string(Vm *vm, size_t width)
     uint32_t id;
     int status = new_node(vm, K_STR, &id);
     if (status) return status;
-    vm->nodes[id].a = (uint32_t)(text - vm->data);
-    vm->nodes[id].sub = (uint8_t)width;
+    node_w(vm, id)->a = (uint32_t)(text - vm->data);
+    node_w(vm, id)->sub = (uint8_t)width;
     return push(vm, id);
 }
 
+/* The top n stack items as a tuple, in their place. */
 static int
 push_tuple(Vm *vm, size_t n)
 {
     if (n == 0) return push(vm, EMPTY_ID);
+    if (n > vm->n_stack) return DECLINE;
     uint32_t id, at;
     int status = new_node(vm, K_TUPLE, &id);
     if (status || (status = take(vm, n, &at))) return status;
-    memcpy(vm->pool + at, vm->stack + vm->n_stack - n, n * sizeof(uint32_t));
+    pool_from_stack(vm, at, vm->n_stack - n, n);
     vm->n_stack -= n;
-    vm->nodes[id].a = at;
-    vm->nodes[id].b = (uint32_t)n;
+    node_w(vm, id)->a = at;
+    node_w(vm, id)->b = (uint32_t)n;
     return push(vm, id);
 }
 
@@ -309,10 +487,12 @@ global(Vm *vm, uint32_t module, uint32_t name)
         if (same_text(vm, name, "Size")) {
             kind = K_FUNC, sub = F_SIZE;
         } else {
-            const Node *n = &vm->nodes[name];
-            if (n->kind != K_STR) return DECLINE;
-            PyObject *text = PyUnicode_DecodeUTF8((const char *)vm->data + n->a,
-                                                  (Py_ssize_t)text_length(vm, n), "surrogatepass");
+            Node n = node(vm, name);
+            if (n.kind != K_STR) return DECLINE;
+            size_t length;
+            const unsigned char *p = text_of(vm, n, &length);
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)p, (Py_ssize_t)length,
+                                                  "surrogatepass");
             if (text == NULL) return FAIL;
             PyObject *found = PyDict_GetItemWithError(vm->dtypes, text);
             Py_DECREF(text);
@@ -326,40 +506,40 @@ global(Vm *vm, uint32_t module, uint32_t name)
     uint32_t id;
     int status = new_node(vm, kind, &id);
     if (status) return status;
-    vm->nodes[id].sub = sub;
-    vm->nodes[id].i = value;
+    node_w(vm, id)->sub = sub;
+    node_w(vm, id)->i = value;
     return push(vm, id);
 }
 
 static int
 reduce(Vm *vm, uint32_t callable, uint32_t args)
 {
-    const Node *f = &vm->nodes[callable], *t = &vm->nodes[args];
-    if (f->kind != K_FUNC || (t->kind != K_TUPLE && args != EMPTY_ID)) return DECLINE;
-    const uint32_t *items = vm->pool + t->a;
-    uint32_t n = args == EMPTY_ID ? 0 : t->b, id;
-    if (f->sub == F_SIZE) { /* ().__add__(tuple): that same tuple */
-        if (n != 1 || (vm->nodes[items[0]].kind != K_TUPLE && items[0] != EMPTY_ID))
-            return DECLINE;
-        return push(vm, items[0]);
+    Node f = node(vm, callable), t = node(vm, args);
+    if (f.kind != K_FUNC || (t.kind != K_TUPLE && args != EMPTY_ID)) return DECLINE;
+    uint32_t n = args == EMPTY_ID ? 0 : t.b, id, first = n ? pool_get(vm, t.a) : UNSET;
+    if (f.sub == F_SIZE) { /* ().__add__(tuple): that same tuple */
+        if (n != 1 || (node(vm, first).kind != K_TUPLE && first != EMPTY_ID)) return DECLINE;
+        return push(vm, first);
     }
-    if (f->sub == F_LAYOUT)
-        return n == 1 && same_text(vm, items[0], "torch.strided") ? push(vm, LAYOUT_ID) : DECLINE;
-    if (f->sub == F_MEMORY_FORMAT) { /* the code itself, 0, 1 or 2 */
-        const Node *code = &vm->nodes[items[0]];
-        return n == 1 && code->kind == K_INT && code->i >= 0 && code->i <= 2 ? push(vm, items[0])
-                                                                          : DECLINE;
+    if (f.sub == F_LAYOUT)
+        return n == 1 && same_text(vm, first, "torch.strided") ? push(vm, LAYOUT_ID) : DECLINE;
+    if (f.sub == F_MEMORY_FORMAT) { /* the code itself, 0, 1 or 2 */
+        if (n != 1) return DECLINE;
+        Node code = node(vm, first);
+        return code.kind == K_INT && code.i >= 0 && code.i <= 2 ? push(vm, first) : DECLINE;
     }
     for (uint32_t k = 0; k < n; k++) { /* a path: its parts, charged as policy charges them */
-        const Node *part = &vm->nodes[items[k]];
-        if (part->kind != K_STR) return DECLINE;
-        vm->path_budget -= (long long)code_points(vm->data + part->a, text_length(vm, part));
+        Node part = node(vm, pool_get(vm, (size_t)t.a + k));
+        if (part.kind != K_STR) return DECLINE;
+        size_t length;
+        const unsigned char *p = text_of(vm, part, &length);
+        vm->path_budget -= (long long)code_points(p, length);
         if (vm->path_budget < 0) return DECLINE;
     }
-    int status = new_node(vm, K_PATH, &id);
+    int status = new_node(vm, K_PATH, &id); /* may move the nodes: f and t are copies */
     if (status) return status;
-    vm->nodes[id].sub = f->sub;
-    vm->nodes[id].a = args;
+    node_w(vm, id)->sub = f.sub;
+    node_w(vm, id)->a = args;
     return push(vm, id);
 }
 
@@ -383,22 +563,21 @@ field_index(Vm *vm, int cls, uint32_t name)
 static int
 build(Vm *vm, uint32_t inst, uint32_t state)
 {
-    const Node *obj = &vm->nodes[inst], *s = &vm->nodes[state];
-    if (obj->kind != K_OBJ) return DECLINE;
-    uint32_t *fields = vm->pool + obj->a;
-    if (obj->sub == C_PROPERTIES && s->kind == K_TUPLE && s->b == 5) {
-        memcpy(fields, vm->pool + s->a, 5 * sizeof(uint32_t));
+    Node obj = node(vm, inst), s = node(vm, state);
+    if (obj.kind != K_OBJ || obj.sub >= N_CLASSES) return DECLINE;
+    if (obj.sub == C_PROPERTIES && s.kind == K_TUPLE && s.b == 5) {
+        pool_copy(vm, obj.a, s.a, 5);
         return 0;
     }
-    if (s->kind != K_DICT) return DECLINE;
-    for (uint32_t k = 0; k < s->b; k += 2) {
-        int at = field_index(vm, obj->sub, vm->pool[s->a + k]);
+    if (s.kind != K_DICT) return DECLINE;
+    for (uint32_t k = 0; k + 1 < s.b; k += 2) {
+        int at = field_index(vm, obj.sub, pool_get(vm, (size_t)s.a + k));
         if (at < 0) return DECLINE;
-        fields[at] = vm->pool[s->a + k + 1];
+        pool_set(vm, (size_t)obj.a + (size_t)at, pool_get(vm, (size_t)s.a + k + 1));
     }
-    Node *spent = &vm->nodes[state]; /* read once, as genuine states are: its room is reused */
-    if ((size_t)spent->a + spent->cap == vm->n_pool) vm->n_pool = spent->a;
-    spent->kind = K_SPENT;
+    /* read once, as genuine states are: its room is reused */
+    if ((size_t)s.a + s.cap == vm->n_pool) vm->n_pool = s.a;
+    node_w(vm, state)->kind = K_SPENT;
     return 0;
 }
 
@@ -406,41 +585,33 @@ build(Vm *vm, uint32_t inst, uint32_t state)
 static int
 extend(Vm *vm, size_t at, size_t n)
 {
-    Node *c = &vm->nodes[vm->stack[at - 1]];
-    if (c->kind != K_LIST && c->kind != K_DICT) return DECLINE;
-    if (c->kind == K_DICT) {
+    if (at == 0) return DECLINE;
+    uint32_t container = stack_get(vm, at - 1);
+    Node c = node(vm, container);
+    if (c.kind != K_LIST && c.kind != K_DICT) return DECLINE;
+    if (c.kind == K_DICT) {
         if (n % 2) return DECLINE;
         for (size_t k = at; k < at + n; k += 2) { /* keys Python can hash, of kinds read here */
-            uint8_t kind = vm->nodes[vm->stack[k]].kind;
+            uint8_t kind = node(vm, stack_get(vm, k)).kind;
             if (kind != K_STR && kind != K_INT && kind != K_OBJ && kind > K_FALSE) return DECLINE;
         }
     }
-    if (c->b + n > c->cap) {
+    size_t size;
+    if (!add_size(c.b, n, &size) || size >= UNSET) return DECLINE;
+    if (size > c.cap) {
         uint32_t moved;
-        size_t cap = c->cap * 2 > c->b + n ? c->cap * 2 : c->b + n;
+        size_t cap = (size_t)c.cap * 2 > size ? (size_t)c.cap * 2 : size;
         if (cap >= UNSET) return DECLINE;
         int status = take(vm, cap, &moved);
         if (status) return status;
-        c = &vm->nodes[vm->stack[at - 1]];
-        memcpy(vm->pool + moved, vm->pool + c->a, c->b * sizeof(uint32_t));
-        c->a = moved;
-        c->cap = (uint32_t)cap;
+        pool_copy(vm, moved, c.a, c.b);
+        node_w(vm, container)->a = c.a = moved;
+        node_w(vm, container)->cap = c.cap = (uint32_t)cap;
     }
-    memcpy(vm->pool + c->a + c->b, vm->stack + at, n * sizeof(uint32_t));
-    c->b += (uint32_t)n;
+    pool_from_stack(vm, (size_t)c.a + c.b, at, n);
+    node_w(vm, container)->b = (uint32_t)size;
     vm->n_stack = at;
     return 0;
-}
-
-/* Pops the last mark: the stack height it stood at, in *at; DECLINE without one, or when
- * the container the opcode adds to would lie below the mark before it. */
-static int
-pop_mark(Vm *vm, size_t *at, int container)
-{
-    if (vm->n_marks == 0) return DECLINE;
-    *at = vm->marks[--vm->n_marks];
-    size_t fence = vm->n_marks ? vm->marks[vm->n_marks - 1] : 0;
-    return container && *at <= fence ? DECLINE : 0;
 }
 
 static IN_LOOP int
@@ -466,15 +637,12 @@ step(Vm *vm, int *done)
     case 0x8d: return push_string(vm, 8); /* BINUNICODE8 */
     case 0x94: /* MEMOIZE */
         if (vm->n_stack == 0) return DECLINE;
-        if (grow((void **)&vm->memo, &vm->cap_memo, vm->n_memo + 1, sizeof(uint32_t)))
-            return FAIL;
-        vm->memo[vm->n_memo++] = vm->stack[vm->n_stack - 1];
-        return 0;
+        return memoize(vm, stack_top(vm, 1));
     case 'h': /* BINGET */
     case 'j': /* LONG_BINGET */
         if ((p = argument(vm, op == 'h' ? 1 : 4)) == NULL) return DECLINE;
-        at = (size_t)little(p, op == 'h' ? 1 : 4);
-        return at < vm->n_memo ? push(vm, vm->memo[at]) : DECLINE;
+        id = memo_get(vm, (size_t)little(p, op == 'h' ? 1 : 4));
+        return id == UNSET ? DECLINE : push(vm, id);
     case 'K': /* BININT1 */
         return (p = argument(vm, 1)) ? push_int(vm, p[0]) : DECLINE;
     case 'M': /* BININT2 */
@@ -500,10 +668,7 @@ step(Vm *vm, int *done)
     case 0x87:
         return above_fence(vm) < (size_t)(op - 0x84) ? DECLINE : push_tuple(vm, op - 0x84);
     case '(': /* MARK */
-        if (grow((void **)&vm->marks, &vm->cap_marks, vm->n_marks + 1, sizeof(size_t)))
-            return FAIL;
-        vm->marks[vm->n_marks++] = vm->n_stack;
-        return 0;
+        return push_mark(vm);
     case 't': /* TUPLE */
         if ((status = pop_mark(vm, &at, 0))) return status;
         return push_tuple(vm, vm->n_stack - at);
@@ -512,41 +677,43 @@ step(Vm *vm, int *done)
         if ((status = new_node(vm, op == ']' ? K_LIST : K_DICT, &id))) return status;
         return push(vm, id);
     case 'a': /* APPEND */
-        if (above_fence(vm) < 2 || vm->nodes[vm->stack[vm->n_stack - 2]].kind != K_LIST)
-            return DECLINE;
+        if (above_fence(vm) < 2 || node(vm, stack_top(vm, 2)).kind != K_LIST) return DECLINE;
         return extend(vm, vm->n_stack - 1, 1);
     case 's': /* SETITEM */
-        if (above_fence(vm) < 3 || vm->nodes[vm->stack[vm->n_stack - 3]].kind != K_DICT)
-            return DECLINE;
+        if (above_fence(vm) < 3 || node(vm, stack_top(vm, 3)).kind != K_DICT) return DECLINE;
         return extend(vm, vm->n_stack - 2, 2);
     case 'e': /* APPENDS */
     case 'u': /* SETITEMS */
         if ((status = pop_mark(vm, &at, 1))) return status;
-        if (vm->nodes[vm->stack[at - 1]].kind != (op == 'e' ? K_LIST : K_DICT)) return DECLINE;
+        if (node(vm, stack_get(vm, at - 1)).kind != (op == 'e' ? K_LIST : K_DICT)) return DECLINE;
         return extend(vm, at, vm->n_stack - at);
     case 0x81: /* NEWOBJ: a metadata class, no arguments */
         if (above_fence(vm) < 2) return DECLINE;
-        a = vm->stack[vm->n_stack - 2], b = vm->stack[vm->n_stack - 1];
-        if (vm->nodes[a].kind != K_CLASS || b != EMPTY_ID) return DECLINE;
-        b = (uint32_t)field_count(vm->nodes[a].sub);
-        if ((status = new_node(vm, K_OBJ, &id)) || (status = take(vm, b, &a))) return status;
-        vm->nodes[id].sub = vm->nodes[vm->stack[vm->n_stack - 2]].sub;
-        vm->nodes[id].a = a;
-        for (uint32_t k = 0; k < b; k++) vm->pool[a + k] = UNSET;
+        a = stack_top(vm, 2), b = stack_top(vm, 1);
+        {
+            Node cls = node(vm, a);
+            if (cls.kind != K_CLASS || b != EMPTY_ID || cls.sub >= N_CLASSES) return DECLINE;
+            b = (uint32_t)field_count(cls.sub);
+            if ((status = new_node(vm, K_OBJ, &id)) || (status = take(vm, b, &a))) return status;
+            node_w(vm, id)->sub = cls.sub;
+        }
+        node_w(vm, id)->a = a;
+        for (uint32_t k = 0; k < b; k++) pool_set(vm, (size_t)a + k, UNSET);
         vm->n_stack -= 2;
         return push(vm, id);
     case 'R': /* REDUCE */
         if (above_fence(vm) < 2) return DECLINE;
-        a = vm->stack[vm->n_stack - 2], b = vm->stack[vm->n_stack - 1];
+        a = stack_top(vm, 2), b = stack_top(vm, 1);
         vm->n_stack -= 2;
         return reduce(vm, a, b);
     case 'b': /* BUILD */
         if (above_fence(vm) < 2) return DECLINE;
-        b = vm->stack[--vm->n_stack];
-        return build(vm, vm->stack[vm->n_stack - 1], b);
+        b = stack_top(vm, 1);
+        vm->n_stack--;
+        return build(vm, stack_top(vm, 1), b);
     case 0x93: /* STACK_GLOBAL */
         if (above_fence(vm) < 2) return DECLINE;
-        a = vm->stack[vm->n_stack - 2], b = vm->stack[vm->n_stack - 1];
+        a = stack_top(vm, 2), b = stack_top(vm, 1);
         vm->n_stack -= 2;
         return global(vm, a, b);
     case '.': /* STOP: the last byte, the stack holding the value alone */
@@ -580,7 +747,8 @@ typedef struct {
 typedef struct {
     Slot *items;
     uint32_t *index;
-    size_t n, mask, next; /* next: the item after the one found last */
+    size_t n, cap, mask, next; /* next: the item after the one found last */
+    Slot scratch;              /* what insert() gives past cap (a bug the check contains) */
 } Table;
 
 typedef struct {
@@ -594,12 +762,33 @@ typedef struct {
     size_t n_made, cap_made;
 } Build;
 
-static uint64_t
-text_hash(const Vm *vm, uint32_t id)
+/* STORAGE BEGIN */
+/* Notes that string node `id` holds a str made for it (forget_all() releases them). */
+static int
+remember(Build *b, uint32_t id)
 {
-    const Node *n = &vm->nodes[id];
-    const unsigned char *p = vm->data + n->a;
-    size_t length = text_length(vm, n), k = 0;
+    if (grow((void **)&b->made, &b->cap_made, b->n_made + 1, sizeof(uint32_t))) return FAIL;
+    b->made[b->n_made++] = id;
+    return 0;
+}
+
+static void
+forget_all(Build *b)
+{
+    for (size_t k = 0; k < b->n_made; k++) {
+        uint32_t id = b->made[k];
+        Py_DECREF((PyObject *)(intptr_t)node(b->vm, id).i);
+        node_w(b->vm, id)->i = 0;
+    }
+    PyMem_Free(b->made);
+}
+/* STORAGE END */
+
+static uint64_t
+text_hash(Vm *vm, uint32_t id)
+{
+    size_t length, k = 0;
+    const unsigned char *p = text_of(vm, node(vm, id), &length);
     uint64_t h = 0x9E3779B97F4A7C15ULL ^ length, word;
     for (; k + 8 <= length; k += 8) {
         memcpy(&word, p + k, 8);
@@ -611,39 +800,39 @@ text_hash(const Vm *vm, uint32_t id)
 }
 
 static uint64_t
-ints_hash(const Vm *vm, uint32_t id)
+ints_hash(Vm *vm, uint32_t id)
 {
     if (id == UNSET) return 0x9E3779B97F4A7C15ULL;
-    const Node *t = &vm->nodes[id];
+    const Node t = node(vm, id);
     uint64_t h = 7;
-    for (uint32_t k = 0; id != EMPTY_ID && k < t->b; k++)
-        h = (h ^ (uint64_t)vm->nodes[vm->pool[t->a + k]].i) * 0x100000001B3ULL + k;
+    for (uint32_t k = 0; id != EMPTY_ID && k < t.b; k++)
+        h = (h ^ (uint64_t)node(vm, pool_get(vm, (size_t)t.a + k)).i) * 0x100000001B3ULL + k;
     return h;
 }
 
 static int
-same_string(const Vm *vm, uint32_t x, uint32_t y)
+same_string(Vm *vm, uint32_t x, uint32_t y)
 {
     if (x == y) return 1;
-    const Node *a = &vm->nodes[x], *b = &vm->nodes[y];
-    size_t n = text_length(vm, a);
-    return n == text_length(vm, b) && memcmp(vm->data + a->a, vm->data + b->a, n) == 0;
+    size_t n, m;
+    const unsigned char *a = text_of(vm, node(vm, x), &n), *b = text_of(vm, node(vm, y), &m);
+    return n == m && memcmp(a, b, n) == 0;
 }
 
 static uint32_t
-length(const Vm *vm, uint32_t tuple)
+length(Vm *vm, uint32_t tuple)
 {
-    return tuple == EMPTY_ID ? 0 : vm->nodes[tuple].b;
+    return tuple == EMPTY_ID ? 0 : node(vm, tuple).b;
 }
 
 static int
-same_ints(const Vm *vm, uint32_t x, uint32_t y)
+same_ints(Vm *vm, uint32_t x, uint32_t y)
 {
     if (x == UNSET || y == UNSET) return x == y;
     uint32_t n = length(vm, x);
     if (n != length(vm, y)) return 0;
     for (uint32_t k = 0; k < n; k++) {
-        if (vm->nodes[vm->pool[vm->nodes[x].a + k]].i != vm->nodes[vm->pool[vm->nodes[y].a + k]].i)
+        if (node(vm, pool_get(vm, (size_t)node(vm, x).a + k)).i != node(vm, pool_get(vm, (size_t)node(vm, y).a + k)).i)
             return 0;
     }
     return 1;
@@ -657,6 +846,7 @@ table_init(Table *t, size_t count)
     t->items = PyMem_Malloc(sizeof(Slot) * (count ? count : 1));
     t->index = PyMem_Malloc(sizeof(uint32_t) * n);
     t->n = t->next = 0;
+    t->cap = count ? count : 1;
     t->mask = n - 1;
     if (t->items == NULL || t->index == NULL) {
         PyErr_NoMemory();
@@ -667,7 +857,7 @@ table_init(Table *t, size_t count)
 }
 
 static uint64_t
-slot_hash(const Vm *vm, uint32_t key, uint32_t offsets)
+slot_hash(Vm *vm, uint32_t key, uint32_t offsets)
 {
     uint64_t h = text_hash(vm, key) ^ ints_hash(vm, offsets);
     h ^= h >> 33; /* mixed, so that offsets alike in their low bits spread over the index */
@@ -714,65 +904,77 @@ insert(Vm *vm, Table *t, uint32_t key, uint32_t offsets)
     uint64_t h = slot_hash(vm, key, offsets);
     Slot *s = lookup(vm, t, h, key, offsets, &at);
     if (s != NULL) return s;
+    if (t->n >= t->cap) {
+        out_of_range(vm);
+        t->scratch = (Slot){h, key, offsets, UNSET};
+        return &t->scratch;
+    }
     t->index[at] = (uint32_t)t->n;
     s = &t->items[t->n++];
     *s = (Slot){h, key, offsets, UNSET};
     return s;
 }
 
+/* The str of string node `id`, made once and kept in the node (NULL on an error, or with
+ * no error set for a node that is no string). A borrowed reference. */
 static PyObject *
 text(Build *b, uint32_t id)
 {
-    Node *n = &b->vm->nodes[id];
-    if (n->i == 0) { /* a string node keeps its str there, once made */
-        if (grow((void **)&b->made, &b->cap_made, b->n_made + 1, sizeof(uint32_t))) return NULL;
-        PyObject *str = PyUnicode_DecodeUTF8((const char *)b->vm->data + n->a,
-                                             (Py_ssize_t)text_length(b->vm, n), "surrogatepass");
+    Node n = node(b->vm, id);
+    if (n.kind != K_STR) return NULL;
+    if (n.i == 0) {
+        size_t length;
+        const unsigned char *p = text_of(b->vm, n, &length);
+        PyObject *str = PyUnicode_DecodeUTF8((const char *)p, (Py_ssize_t)length, "surrogatepass");
         if (str == NULL) return NULL;
-        n->i = (int64_t)(intptr_t)str;
-        b->made[b->n_made++] = id;
+        if (remember(b, id)) {
+            Py_DECREF(str);
+            return NULL;
+        }
+        node_w(b->vm, id)->i = (int64_t)(intptr_t)str;
+        return str;
     }
-    return (PyObject *)(intptr_t)n->i;
+    return (PyObject *)(intptr_t)n.i;
 }
 
 static uint32_t
-field(const Vm *vm, uint32_t obj, int k)
+field(Vm *vm, uint32_t obj, int k)
 {
-    uint32_t value = vm->pool[vm->nodes[obj].a + k];
+    uint32_t value = pool_get(vm, (size_t)node(vm, obj).a + k);
     return value == UNSET ? NONE_ID : value;
 }
 
 static int
-is_obj(const Vm *vm, uint32_t id, int cls)
+is_obj(Vm *vm, uint32_t id, int cls)
 {
-    return vm->nodes[id].kind == K_OBJ && vm->nodes[id].sub == cls;
+    return node(vm, id).kind == K_OBJ && node(vm, id).sub == cls;
 }
 
 static int
-is_tuple(const Vm *vm, uint32_t id)
+is_tuple(Vm *vm, uint32_t id)
 {
-    return id == EMPTY_ID || vm->nodes[id].kind == K_TUPLE;
+    return id == EMPTY_ID || node(vm, id).kind == K_TUPLE;
 }
 
 /* Whether the tuple node holds only ints (in [0, MAX_INT) when `bounded`). */
 static int
-int_tuple(const Vm *vm, uint32_t id, int bounded)
+int_tuple(Vm *vm, uint32_t id, int bounded)
 {
     if (!is_tuple(vm, id)) return 0;
     for (uint32_t k = 0; k < length(vm, id); k++) {
-        const Node *n = &vm->nodes[vm->pool[vm->nodes[id].a + k]];
-        if (n->kind != K_INT || (bounded && (n->i < 0 || n->i >= MAX_INT))) return 0;
+        const Node n = node(vm, pool_get(vm, (size_t)node(vm, id).a + k));
+        if (n.kind != K_INT || (bounded && (n.i < 0 || n.i >= MAX_INT))) return 0;
     }
     return 1;
 }
 
 static PyObject *
-ints(const Vm *vm, uint32_t id)
+ints(Vm *vm, uint32_t id)
 {
     uint32_t n = length(vm, id);
     PyObject *t = PyTuple_New(n);
     for (uint32_t k = 0; t != NULL && k < n; k++) {
-        PyObject *i = PyLong_FromLongLong(vm->nodes[vm->pool[vm->nodes[id].a + k]].i);
+        PyObject *i = PyLong_FromLongLong(node(vm, pool_get(vm, (size_t)node(vm, id).a + k)).i);
         if (i == NULL) Py_CLEAR(t);
         else PyTuple_SET_ITEM(t, k, i);
     }
@@ -785,23 +987,23 @@ static int
 index_records(Build *b, uint32_t table, PyObject *names)
 {
     Vm *vm = b->vm;
-    const Node *d = &vm->nodes[table];
-    if (table_init(&b->records, d->b / 2)) return FAIL;
-    for (uint32_t k = 0; k < d->b; k += 2) {
-        uint32_t index = vm->pool[d->a + k], info = vm->pool[d->a + k + 1];
+    const Node d = node(vm, table);
+    if (table_init(&b->records, d.b / 2)) return FAIL;
+    for (uint32_t k = 0; k + 1 < d.b; k += 2) {
+        uint32_t index = pool_get(vm, (size_t)d.a + k), info = pool_get(vm, (size_t)d.a + k + 1);
         if (!is_obj(vm, index, C_INDEX) || !is_obj(vm, info, C_STORAGE_INFO)) return DECLINE;
         uint32_t fqn = field(vm, index, 0), offsets = field(vm, index, 1);
         uint32_t file = field(vm, info, 0), transforms = field(vm, info, 3);
-        if (vm->nodes[fqn].kind != K_STR || vm->nodes[file].kind != K_STR) return DECLINE;
-        if (vm->nodes[field(vm, info, 1)].kind != K_INT || vm->nodes[field(vm, info, 2)].kind != K_INT)
+        if (node(vm, fqn).kind != K_STR || node(vm, file).kind != K_STR) return DECLINE;
+        if (node(vm, field(vm, info, 1)).kind != K_INT || node(vm, field(vm, info, 2)).kind != K_INT)
             return DECLINE;
         if (offsets == NONE_ID) offsets = UNSET;
         else if (!int_tuple(vm, offsets, 0)) return DECLINE;
         if (transforms != NONE_ID) {
-            uint8_t kind = vm->nodes[transforms].kind;
+            uint8_t kind = node(vm, transforms).kind;
             if (!is_tuple(vm, transforms) && kind != K_LIST) return DECLINE;
             for (uint32_t t = 0; t < length(vm, transforms); t++) {
-                if (vm->nodes[vm->pool[vm->nodes[transforms].a + t]].kind != K_STR) return DECLINE;
+                if (node(vm, pool_get(vm, (size_t)node(vm, transforms).a + t)).kind != K_STR) return DECLINE;
             }
         }
         Slot *s = insert(vm, &b->records, fqn, offsets);
@@ -817,12 +1019,13 @@ static int
 index_planner(Build *b, uint32_t planner)
 {
     Vm *vm = b->vm;
-    const Node *d = &vm->nodes[planner];
-    if (table_init(&b->planner, d->b / 2)) return FAIL;
-    for (uint32_t k = 0; k < d->b; k += 2) {
-        uint32_t key = vm->pool[d->a + k];
-        if (vm->nodes[key].kind != K_STR) continue; /* never equal to a str key */
-        insert(vm, &b->planner, key, UNSET)->value = vm->pool[d->a + k + 1]; /* the last counts */
+    const Node d = node(vm, planner);
+    if (table_init(&b->planner, d.b / 2)) return FAIL;
+    for (uint32_t k = 0; k + 1 < d.b; k += 2) {
+        uint32_t key = pool_get(vm, (size_t)d.a + k);
+        if (node(vm, key).kind != K_STR) continue; /* never equal to a str key */
+        uint32_t path = pool_get(vm, (size_t)d.a + k + 1);
+        insert(vm, &b->planner, key, UNSET)->value = path; /* the last counts */
     }
     return 0;
 }
@@ -837,18 +1040,18 @@ nested_path(Build *b, uint32_t key)
     if (!b->has_planner) return PyTuple_New(0);
     Slot *s = find_next(vm, &b->planner, key, UNSET);
     uint32_t path = s == NULL ? NONE_ID : s->value;
-    const Node *p = &vm->nodes[path];
-    if ((!is_tuple(vm, path) && p->kind != K_LIST) || length(vm, path) == 0)
+    const Node p = node(vm, path);
+    if ((!is_tuple(vm, path) && p.kind != K_LIST) || length(vm, path) == 0)
         return PyTuple_Pack(1, name);
-    if (p->b > MAX_PATH) return NULL;
-    PyObject *out = PyTuple_New(p->b);
-    for (uint32_t k = 0; out != NULL && k < p->b; k++) {
-        uint32_t part = vm->pool[p->a + k];
-        const Node *n = &vm->nodes[part];
+    if (p.b > MAX_PATH) return NULL;
+    PyObject *out = PyTuple_New(p.b);
+    for (uint32_t k = 0; out != NULL && k < p.b; k++) {
+        uint32_t part = pool_get(vm, (size_t)p.a + k);
+        const Node n = node(vm, part);
         PyObject *item = NULL;
-        if (n->kind == K_STR) item = Py_XNewRef(text(b, part));
-        else if (n->kind == K_INT && n->i >= 0 && n->i < MAX_PATH_INDEX)
-            item = PyLong_FromLongLong(n->i);
+        if (n.kind == K_STR) item = Py_XNewRef(text(b, part));
+        else if (n.kind == K_INT && n.i >= 0 && n.i < MAX_PATH_INDEX)
+            item = PyLong_FromLongLong(n.i);
         if (item == NULL) Py_CLEAR(out);
         else PyTuple_SET_ITEM(out, k, item);
     }
@@ -864,18 +1067,19 @@ chunk(Build *b, uint32_t key, uint32_t offsets, PyObject *py_offsets, PyObject *
     Slot *s = find_next(vm, &b->records, key, offsets);
     if (s == NULL) return NULL;
     uint32_t info = s->value, transforms = field(vm, info, 3);
-    int64_t start = vm->nodes[field(vm, info, 1)].i, n = vm->nodes[field(vm, info, 2)].i;
+    int64_t start = node(vm, field(vm, info, 1)).i, n = node(vm, field(vm, info, 2)).i;
     PyObject *file = text(b, field(vm, info, 0)), *size, *result = NULL, *names = NULL;
     if (file == NULL || start < 0 || start >= MAX_INT || n < 0 || n >= MAX_INT) return NULL;
     size = PyDict_GetItemWithError(b->sizes, file);
     if (size == NULL || !PyLong_CheckExact(size)) return NULL;
     int overflow;
     long long bytes = PyLong_AsLongLongAndOverflow(size, &overflow);
-    if (overflow || bytes < 0 || start + n > bytes) return NULL;
+    int64_t end;
+    if (overflow || bytes < 0 || __builtin_add_overflow(start, n, &end) || end > bytes) return NULL;
     uint32_t count = transforms == NONE_ID ? 0 : length(vm, transforms);
     if ((names = PyTuple_New(count)) == NULL) return NULL;
     for (uint32_t k = 0; k < count; k++) {
-        PyObject *t = text(b, vm->pool[vm->nodes[transforms].a + k]);
+        PyObject *t = text(b, pool_get(vm, (size_t)node(vm, transforms).a + k));
         if (t == NULL) goto done;
         PyTuple_SET_ITEM(names, k, Py_NewRef(t));
     }
@@ -904,16 +1108,16 @@ by_start(const void *a, const void *b)
 }
 
 static int64_t
-item(const Vm *vm, uint32_t tuple, uint32_t k)
+item(Vm *vm, uint32_t tuple, uint32_t k)
 {
-    return vm->nodes[vm->pool[vm->nodes[tuple].a + k]].i;
+    return node(vm, pool_get(vm, (size_t)node(vm, tuple).a + k)).i;
 }
 
 /* Whether the chunks (boxes[2i], boxes[2i + 1]: offsets and sizes, tuples of ndim ints in
  * range) are the whole tensor, or split it along one dimension into pieces that cover it end
  * to end (empty pieces anywhere inside), as dcp/_table.c's tiles(); -1 on an error. */
 static int
-tiles(const Vm *vm, uint32_t shape, const uint32_t *boxes, size_t count)
+tiles(Vm *vm, uint32_t shape, const uint32_t *boxes, size_t count)
 {
     uint32_t ndim = length(vm, shape);
     int64_t dim = -1;
@@ -989,7 +1193,7 @@ entry_slots(Consts *c)
 static PyObject *
 dims_of(Build *b, uint32_t tuple, uint32_t shape, PyObject *py_shape)
 {
-    const Vm *vm = b->vm;
+    Vm *vm = b->vm;
     uint32_t n = length(vm, tuple), k = 0;
     if (same_ints(vm, tuple, shape)) return Py_NewRef(py_shape);
     while (k < n && item(vm, tuple, k) == 0) k++;
@@ -1004,12 +1208,12 @@ static PyObject *
 tensor_chunks(Build *b, uint32_t key, uint32_t list, uint32_t shape, PyObject *py_shape)
 {
     Vm *vm = b->vm;
-    const Node *l = &vm->nodes[list];
+    const Node l = node(vm, list);
     uint32_t ndim = length(vm, shape), few[2 * FEW];
-    uint32_t *boxes = l->b <= FEW ? few : PyMem_Malloc(sizeof(uint32_t) * 2 * l->b);
-    PyObject *found = boxes ? PyTuple_New(l->b) : PyErr_NoMemory();
-    for (uint32_t k = 0; found != NULL && k < l->b; k++) {
-        uint32_t record = vm->pool[l->a + k], offsets, sizes;
+    uint32_t *boxes = l.b <= FEW ? few : PyMem_Malloc(sizeof(uint32_t) * 2 * l.b);
+    PyObject *found = boxes ? PyTuple_New(l.b) : PyErr_NoMemory();
+    for (uint32_t k = 0; found != NULL && k < l.b; k++) {
+        uint32_t record = pool_get(vm, (size_t)l.a + k), offsets, sizes;
         PyObject *o = NULL, *s = NULL, *one = NULL;
         if (is_obj(vm, record, C_CHUNK)) {
             offsets = field(vm, record, 0), sizes = field(vm, record, 1);
@@ -1025,7 +1229,7 @@ tensor_chunks(Build *b, uint32_t key, uint32_t list, uint32_t shape, PyObject *p
         else PyTuple_SET_ITEM(found, k, one);
     }
     if (found != NULL) {
-        int fine = tiles(vm, shape, boxes, l->b);
+        int fine = tiles(vm, shape, boxes, l.b);
         if (fine == 0) { /* any other layout: entry.layout_problem decides */
             PyObject *problem = PyObject_CallFunctionObjArgs(b->c->layout_problem, py_shape, found,
                                                             NULL);
@@ -1045,7 +1249,7 @@ tensor_entry(Build *b, uint32_t key, uint32_t md, PyObject *nested, PyObject *co
     uint32_t properties = field(vm, md, 0), shape = field(vm, md, 1), list = field(vm, md, 2);
     if (!is_obj(vm, properties, C_PROPERTIES)) return NULL;
     uint32_t dtype = field(vm, properties, 0);
-    if (vm->nodes[dtype].kind != K_DTYPE || vm->nodes[list].kind != K_LIST || vm->nodes[list].sub)
+    if (node(vm, dtype).kind != K_DTYPE || node(vm, list).kind != K_LIST || node(vm, list).sub)
         return NULL;
     if (!int_tuple(vm, shape, 1) || length(vm, shape) > MAX_DIMS) return NULL;
     int64_t numel = 1;
@@ -1055,8 +1259,8 @@ tensor_entry(Build *b, uint32_t key, uint32_t md, PyObject *nested, PyObject *co
         else if (numel && numel >= MAX_INT / n + (MAX_INT % n != 0)) return NULL;
         else numel *= n;
     }
-    vm->nodes[list].sub = 1; /* a list's sub: given to a key already */
-    PyObject *name = text(b, (uint32_t)vm->nodes[dtype].i), *dtype_name, *py_shape, *found;
+    node_w(vm, list)->sub = 1; /* a list's sub: given to a key already */
+    PyObject *name = text(b, (uint32_t)node(vm, dtype).i), *dtype_name, *py_shape, *found;
     if (name == NULL) return NULL;
     if ((dtype_name = PyDict_GetItemWithError(b->c->dtypes, name)) == NULL) return NULL;
     if ((py_shape = ints(vm, shape)) == NULL) return NULL;
@@ -1125,11 +1329,11 @@ static int
 all_entries(Build *b, uint32_t table, PyObject *out)
 {
     Vm *vm = b->vm;
-    const Node *d = &vm->nodes[table];
-    if (table_init(&b->keys, d->b / 2)) return FAIL;
-    for (uint32_t k = 0; k < d->b; k += 2) {
-        uint32_t key = vm->pool[d->a + k], md = vm->pool[d->a + k + 1];
-        if (vm->nodes[key].kind != K_STR) return DECLINE;
+    const Node d = node(vm, table);
+    if (table_init(&b->keys, d.b / 2)) return FAIL;
+    for (uint32_t k = 0; k + 1 < d.b; k += 2) {
+        uint32_t key = pool_get(vm, (size_t)d.a + k), md = pool_get(vm, (size_t)d.a + k + 1);
+        if (node(vm, key).kind != K_STR) return DECLINE;
         Slot *s = insert(vm, &b->keys, key, UNSET);
         if (s->value != UNSET) return DECLINE;
         s->value = md;
@@ -1160,19 +1364,19 @@ checkpoint_id(Build *b, uint32_t meta)
     if (meta == NONE_ID) Py_RETURN_NONE;
     if (!is_obj(vm, meta, C_STORAGE_META)) return NULL;
     uint32_t id = field(vm, meta, 0);
-    const Node *n = &vm->nodes[id];
+    const Node n = node(vm, id);
     if (id == NONE_ID) Py_RETURN_NONE;
-    if (n->kind == K_STR) return Py_XNewRef(text(b, id));
-    if (n->kind != K_PATH) return NULL;
-    uint32_t count = length(vm, n->a);
+    if (n.kind == K_STR) return Py_XNewRef(text(b, id));
+    if (n.kind != K_PATH) return NULL;
+    uint32_t count = length(vm, n.a);
     PyObject *parts = PyTuple_New(count);
     for (uint32_t k = 0; parts != NULL && k < count; k++) {
-        PyObject *part = text(b, vm->pool[vm->nodes[n->a].a + k]);
+        PyObject *part = text(b, pool_get(vm, (size_t)node(vm, n.a).a + k));
         if (part == NULL) Py_CLEAR(parts);
         else PyTuple_SET_ITEM(parts, k, Py_NewRef(part));
     }
     if (parts == NULL) return NULL;
-    PyObject *result = PyTuple_Pack(2, n->sub == F_POSIX ? s_posix : s_windows, parts);
+    PyObject *result = PyTuple_Pack(2, n.sub == F_POSIX ? s_posix : s_windows, parts);
     Py_DECREF(parts);
     return result;
 }
@@ -1186,9 +1390,9 @@ finish(Vm *vm, const Consts *c, PyObject *file_sizes, uint32_t root, int *status
     if (!is_obj(vm, root, C_METADATA)) return NULL;
     uint32_t table = field(vm, root, 0), planner = field(vm, root, 1), storage = field(vm, root, 2);
     uint32_t meta = field(vm, root, 3), version_id = field(vm, root, 4);
-    if (vm->nodes[table].kind != K_DICT || vm->nodes[storage].kind != K_DICT
-        || field(vm, root, 5) != NONE_ID || (planner != NONE_ID && vm->nodes[planner].kind != K_DICT)
-        || (version_id != NONE_ID && vm->nodes[version_id].kind != K_STR))
+    if (node(vm, table).kind != K_DICT || node(vm, storage).kind != K_DICT
+        || field(vm, root, 5) != NONE_ID || (planner != NONE_ID && node(vm, planner).kind != K_DICT)
+        || (version_id != NONE_ID && node(vm, version_id).kind != K_STR))
         return NULL;
     b.has_planner = planner != NONE_ID;
     if ((names = PySet_New(NULL)) == NULL || (entries = PyList_New(0)) == NULL
@@ -1215,8 +1419,7 @@ finish(Vm *vm, const Consts *c, PyObject *file_sizes, uint32_t root, int *status
 fail:
     *status = FAIL;
 done:
-    for (size_t k = 0; k < b.n_made; k++) Py_DECREF((PyObject *)(intptr_t)vm->nodes[b.made[k]].i);
-    PyMem_Free(b.made);
+    forget_all(&b);
     Table *tables[3] = {&b.records, &b.keys, &b.planner};
     for (int k = 0; k < 3; k++) {
         PyMem_Free(tables[k]->items);
@@ -1255,23 +1458,21 @@ entries(PyObject *self, PyObject *args)
     vm.path_budget = 4LL * data.len + (1LL << 20); /* safe_pickle.budget's limit */
     vm.dtypes = c.dtypes;
     memset(vm.field_names, 0xFF, sizeof(vm.field_names));
-    /* Room for what genuine metadata of its size holds (a node per 7-10 bytes), so that
-     * growing seldom copies. */
     int status = reserve(&vm), done = 0;
     uint32_t id;
     for (int k = K_NONE; k <= K_FALSE && !status; k++) status = new_node(&vm, (uint8_t)k, &id);
     if (!status) status = new_node(&vm, K_TUPLE, &id);
     if (!status) status = new_node(&vm, K_LAYOUT, &id);
     for (int k = 0; k < SMALL_INTS && !status; k++) {
-        if (!(status = new_node(&vm, K_INT, &id))) vm.nodes[id].i = k;
+        if (!(status = new_node(&vm, K_INT, &id))) node_w(&vm, id)->i = k;
     }
     while (!status && !done) status = vm.pos < vm.size ? step(&vm, &done) : DECLINE;
-    if (!status) result = finish(&vm, &c, file_sizes, vm.stack[0], &status);
-    PyMem_Free(vm.nodes);
-    PyMem_Free(vm.pool);
-    PyMem_Free(vm.stack);
-    PyMem_Free(vm.memo);
-    PyMem_Free(vm.marks);
+    if (!status) result = finish(&vm, &c, file_sizes, stack_get(&vm, 0), &status);
+    if (!status && vm.broken) { /* an index out of range: contained, and declined */
+        Py_CLEAR(result);
+        status = DECLINE;
+    }
+    release(&vm);
     PyBuffer_Release(&data);
     if (status == FAIL) {
         Py_XDECREF(result);

@@ -63,7 +63,9 @@ walk(const unsigned char *data, Py_ssize_t end, Py_ssize_t i, unsigned long long
             if (claimed > limit) return 0;
             if (kind == FRAME) {
                 if (i < frame_end) return 0;
-                frame_end = i + 1 + n + (Py_ssize_t)claimed;
+                /* claimed <= limit <= the data's length (clean() checks): no overflow, and
+                 * the sum is checked all the same */
+                if (__builtin_add_overflow(i + 1 + n, (Py_ssize_t)claimed, &frame_end)) return 0;
             }
             i += 1 + n;
             break;
@@ -99,10 +101,13 @@ clean(PyObject *module, PyObject *args)
     unsigned long long limit;
     int found;
     if (!PyArg_ParseTuple(args, "y*nKy*", &data, &start, &limit, &table)) return NULL;
-    if (table.len != 256 || start < 0 || start > data.len) {
+    if (table.len != 256 || start < 0 || start > data.len
+        || limit > (unsigned long long)(data.len - start)) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&table);
-        PyErr_SetString(PyExc_ValueError, "clean() needs a 256-byte table and a start inside data");
+        PyErr_SetString(PyExc_ValueError,
+                        "clean() needs a 256-byte table, a start inside data and a limit no "
+                        "larger than the data after it");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS

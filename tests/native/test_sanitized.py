@@ -1,0 +1,69 @@
+"""The native decoders under AddressSanitizer and UndefinedBehaviorSanitizer (see
+tests/native/sanitized.py): the capacity-boundary inputs, every genuine and hostile DCP
+checkpoint opened with and without the native code (the same result), and a short
+structure-aware fuzz pass (``SANITIZED_FUZZ_SECONDS``, 30 by default; ``make fuzz`` runs a
+long one). Any memory error, any undefined behaviour or index out of range aborts the
+process and fails the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from tests.hostile import damage, paths, pickles
+from tests.hostile.tally import TALLY
+from tests.native import sanitized
+
+SECONDS = float(os.environ.get("SANITIZED_FUZZ_SECONDS", "30"))
+SEED = os.environ.get("SANITIZED_FUZZ_SEED", "34")  # "random": a fresh one (make fuzz)
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        sanitized.runtime()
+    except (OSError, RuntimeError) as exc:  # make test installs gcc (.ci/run): never on CI
+        pytest.skip(f"no compiler with AddressSanitizer: {exc}")
+    return sanitized.build(tmp_path_factory.mktemp("sanitized"))
+
+
+@pytest.fixture(scope="module")
+def corpus(genuine, demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every DCP checkpoint the hostile corpus makes, and the genuine demo ones."""
+    folder = tmp_path_factory.mktemp("native_corpus") / "corpus"
+    folder.mkdir()
+    for name in ("seed", "flat", "fp8"):
+        if (demo_dir / name / ".metadata").exists():
+            shutil.copytree(demo_dir / name, folder / f"genuine-{name}")
+    work = tmp_path_factory.mktemp("hostile_cases")
+    for family in (damage, paths, pickles):
+        for name, generate in family.CASES.items():
+            case = generate(genuine, work / name)
+            if case.path.is_dir() and (case.path / ".metadata").is_file():
+                shutil.copytree(case.path, folder / name, symlinks=True)
+    return folder
+
+
+def test_the_sanitizer_catches_a_stale_pointer(build: Path) -> None:
+    """The harness sees a read through a pointer kept across a PyMem_Realloc."""
+    out = build / ("canary" + sysconfig.get_config_var("EXT_SUFFIX"))
+    sanitized.compile_one(Path(__file__).with_name("canary.c"), out)
+    done = sanitized.run(build, "import canary; canary.stale_read()", timeout=120)
+    assert done.returncode != 0
+    assert "heap-use-after-free" in done.stderr
+
+
+def test_the_native_decoders_under_sanitizers(build: Path, corpus: Path) -> None:
+    seed = int.from_bytes(os.urandom(4), "little") if SEED == "random" else int(SEED)
+    done = sanitized.drive(build, corpus, SECONDS, seed)
+    assert done.returncode == 0, f"seed {seed}: {done.stderr[-6000:]}"
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    TALLY.native = counts
+    assert counts["boundaries"] > 10_000
+    assert counts["folders"] >= 20
+    assert counts["mutants"] > 100

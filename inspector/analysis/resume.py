@@ -65,7 +65,7 @@ def resume_problems(ck: Checkpoint) -> list[Problem]:
     """What stops (or may spoil) resuming training from ``ck``."""
     entries = ck.entries()
     components = ck.components()
-    if not any(c in components for c in RESUME_COMPONENTS):
+    if not any(c in components for c in (*RESUME_COMPONENTS, *ck.profile.resume)):
         return [
             Problem(
                 None,
@@ -102,29 +102,27 @@ def _grouped_params(ck: Checkpoint, entries: list[Entry], fqns: set[str]) -> set
 
 
 def _component_problems(ck: Checkpoint, components: dict[str, int]) -> list[Problem]:
-    """The optimizer always; torchtitan's other training state once part of it is there (a
-    checkpoint holding some of it lost the rest; one holding none was saved without it)."""
-    extras = [c for c in RESUME_COMPONENTS if c != "optimizer" and c in components]
-    wanted = RESUME_COMPONENTS if ck.producer == "torchtitan" and extras else ("optimizer",)
+    """What the producer's resume loads and the checkpoint lacks: an error where the producer
+    always writes it (its profile says so), a note where its rules are not known."""
+    profile = ck.profile
     held = ", ".join(c for c in components if c != "other")
+    if profile.strict:
+        kind, why = "missing-component", f"{profile.title} saves it and a resume loads it"
+    else:
+        kind, why = "absent-component", "a resume may need it (the producer's rules are unknown)"
     problems = [
-        Problem(
-            None,
-            None,
-            "missing-component",
-            f"no {name} state beside {held}: a resume loads it"
-            + (", and torchtitan saves all of " + ", ".join(RESUME_COMPONENTS) if extras else ""),
-        )
-        for name in wanted
+        Problem(None, None, kind, f"no {name} state beside {held}: {why}")
+        for name in profile.resume
         if name not in components
     ]
-    if "train_state" in components and not any(is_train_step(e) for e in ck.entries()):
+    step_state = profile.step_state
+    if step_state in components and not any(is_train_step(e) for e in ck.entries()):
         problems.append(
             Problem(
                 None,
                 None,
                 "missing-component",
-                "train_state has no step: the resume cannot tell which step it continues from",
+                f"{step_state} has no step: the resume cannot tell which step it continues from",
             )
         )
     return problems

@@ -22,11 +22,12 @@ Path = tuple[object, ...]
 
 @dataclass(frozen=True)
 class LayoutNote:
-    """What a layout means for the producer's own loader, and whether that loader takes it
-    as it is (``fine``) or reports keys missing."""
+    """What a layout means for the producer's own loader, whether that loader takes it as
+    it is (``fine``) or reports keys missing, and what the producer calls it (``called``)."""
 
     consequence: str
     fine: bool = True
+    called: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def _starts(path: Path, pattern: tuple[str, ...]) -> bool:
     )
 
 
-def _frozen(mapping: Mapping) -> Mapping:  # type: ignore[type-arg]
+def _frozen(mapping: Mapping) -> Mapping:
     return MappingProxyType(dict(mapping))
 
 
@@ -107,7 +108,9 @@ TORCHTITAN = Producer(
     prefixes=_frozen({"model": _LEGACY_PREFIX}),
     layouts=_frozen(
         {
-            "flat": LayoutNote("Loads into current torchtitan as it is."),
+            "flat": LayoutNote(
+                "Loads into current torchtitan as it is.", called="torchtitan's current layout"
+            ),
             "prefixed": LayoutNote(
                 "Current torchtitan (since PR #1347, July 2025) loads model weights from "
                 "top-level keys: loading this checkpoint reports every model key missing",

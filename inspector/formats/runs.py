@@ -93,7 +93,8 @@ def _tracked(storage: Storage, tracker: str, steps: list[tuple[str, int | None]]
     if name not in {step for step, _ in steps}:
         others = ", ".join(step for step, _ in steps) or "none"
         raise CheckpointFileMissingError(
-            f"names iteration {value!r}, but there is no {name}/ folder (steps found: {others})",
+            f"names {'iteration ' if numbered else ''}{value!r}, but there is no {name}/ "
+            f"folder (steps found: {others})",
             file=label,
         )
     return name

@@ -182,6 +182,8 @@ def test_hf_trainer_checkpoint_folder() -> None:
     ck = inspector.open(FIXTURES / "hf-trainer" / "checkpoint-2")
     tensors, facts = expected("hf-trainer")
     assert (ck.producer, run.producer) == ("hf-trainer", "hf-trainer")
+    alone = inspector.open(FIXTURES / "hf-trainer" / "checkpoint-2" / "model.safetensors")
+    assert alone.producer == "unknown"  # the model file alone names no trainer
     assert [s.name for s in run.steps] == ["checkpoint-2"]
     assert set(ck.keys()) == set(tensors) | set(facts["objects"])
     assert_tensors(ck, tensors)

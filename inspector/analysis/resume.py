@@ -16,6 +16,7 @@ from inspector.analysis.findings import Problem
 from inspector.checkpoint import Checkpoint
 from inspector.entry import Entry
 from inspector.errors import InspectorError
+from inspector.formats.producers import UNKNOWN, Producer
 from inspector.keys.optimizer import (
     is_param_list,
     optimizer_ref,
@@ -44,18 +45,22 @@ class OptimizerState:
     unknown: dict[str, list[str]] = field(default_factory=dict)  # section -> keys
 
 
-def optimizer_state(entries: list[Entry], fqns: set[str]) -> OptimizerState:
-    """Sort optimizer entries by parameter; those naming no model parameter are ``unknown``."""
+def optimizer_state(
+    entries: list[Entry], fqns: set[str], profile: Producer = UNKNOWN
+) -> OptimizerState:
+    """Sort optimizer entries by parameter (spelled as the producer spells them); those
+    naming no model parameter are ``unknown``."""
     found = OptimizerState()
+    first = profile.state_first
     for entry in entries:
         ref = optimizer_ref(entry)
         if ref is None:
             continue
-        fqn = resolve_optimizer_fqn(ref, fqns)
+        fqn = resolve_optimizer_fqn(ref, fqns, state_first=first)
         if fqn is None:
             found.unknown.setdefault(ref.section, []).append(entry.key)
         elif ref.section == "state":
-            found.states.setdefault(fqn, {})[state_name(ref, fqn)] = entry
+            found.states.setdefault(fqn, {})[state_name(ref, fqn, state_first=first)] = entry
         else:
             found.grouped.add(fqn)
     return found
@@ -78,9 +83,9 @@ def resume_problems(ck: Checkpoint) -> list[Problem]:
     params = {fqn: e for e in entries if e.kind == "tensor" and (fqn := model_fqn(e)) is not None}
     problems = _component_problems(ck, components)
     if "optimizer" in components:
-        found = optimizer_state(entries, set(params))
+        found = optimizer_state(entries, set(params), ck.profile)
         found.grouped |= _grouped_params(ck, entries, set(params))
-        problems += _optimizer_problems(params, found)
+        problems += _optimizer_problems(params, found, ck.profile.param_states)
     problems += _dataloader_problems(ck, entries)
     return problems
 
@@ -128,7 +133,9 @@ def _component_problems(ck: Checkpoint, components: dict[str, int]) -> list[Prob
     return problems
 
 
-def _optimizer_problems(params: dict[str, Entry], found: OptimizerState) -> list[Problem]:
+def _optimizer_problems(
+    params: dict[str, Entry], found: OptimizerState, param_states: frozenset[str] | None
+) -> list[Problem]:
     problems = [
         Problem(
             keys[0],
@@ -140,7 +147,8 @@ def _optimizer_problems(params: dict[str, Entry], found: OptimizerState) -> list
         )
         for section, keys in found.unknown.items()
     ]
-    expected = expected_states({n for names in found.states.values() for n in names})
+    seen = {n for names in found.states.values() for n in names}
+    expected = param_states if param_states is not None else expected_states(seen)
     # param_groups entries per FQN (torchtitan's flattened state) say what is trained
     trained = found.grouped or set(found.states)
     untracked = []

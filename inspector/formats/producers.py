@@ -44,6 +44,9 @@ class Producer:
       of them a resume loads; ``strict``: whether a missing one is an error (the producer
       always writes it) or only a note (its rules are not known). ``step_state``: the
       component whose ``step`` says where the run continues, when it keeps one.
+    - Optimizer keys: ``state_first`` when the state's name comes before the parameter's
+      FQN (Megatron: ``optimizer.state.exp_avg.<fqn>``); ``param_states``: the states every
+      trained parameter has (None: judged from the names seen, Adam's three when present).
     - ``component_files``: file patterns of a folder saved one file per component (HF
       Trainer, accelerate) -> the component each holds.
     - ``prefixes``: nested-path heads -> what they mean for this producer; ``layouts``:
@@ -61,6 +64,8 @@ class Producer:
     resume: tuple[str, ...] = ("optimizer",)
     strict: bool = True
     step_state: str | None = None
+    state_first: bool = False
+    param_states: frozenset[str] | None = None
     component_files: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     prefixes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     layouts: Mapping[str, LayoutNote] = field(default_factory=lambda: MappingProxyType({}))
@@ -143,6 +148,8 @@ MEGATRON = Producer(
     "Megatron-Core",
     "a DCP folder with Megatron's metadata.json ({'sharded_backend': 'torch_dist'})",
     components=("model", "optimizer", "common", "rng"),
+    state_first=True,
+    param_states=frozenset({"exp_avg", "exp_avg_sq"}),  # the step is the param group's
     layouts=_frozen({"flat": LayoutNote("Megatron's dist_checkpointing loads it as it is.")}),
     step_dir=r"iter_([0-9]+)",
     tracker=("latest_checkpointed_iteration.txt", "iter_{:07d}"),

@@ -32,9 +32,7 @@ class Layout:
         return f"layout: {self.name}\n" + "\n".join(f"- {line}" for line in self.evidence)
 
 
-def detect_layout(
-    entries: Iterable[Entry], *, nesting: str, profile: Producer = UNKNOWN
-) -> Layout:
+def detect_layout(entries: Iterable[Entry], *, nesting: str, profile: Producer = UNKNOWN) -> Layout:
     """Decide flat / prefixed / model-only / unknown; ``nesting`` says where paths came from,
     ``profile`` what the producer's prefixes and layouts mean."""
     entries = list(entries)
@@ -63,9 +61,7 @@ def detect_layout(
         name = "prefixed"
         head = str(prefixed[0].nested_path[0])
         meaning = profile.prefixes.get(head)
-        evidence.append(
-            f"model weights under {head + '.'!r}" + (f": {meaning}" if meaning else "")
-        )
+        evidence.append(f"model weights under {head + '.'!r}" + (f": {meaning}" if meaning else ""))
     elif top and others:
         name = "flat"
         note = profile.layouts.get("flat")

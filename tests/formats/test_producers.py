@@ -221,3 +221,21 @@ def test_accelerate_folder_missing_a_part(tmp_path: Path) -> None:
     (broken,) = [e for e in ck.entries() if e.error]
     assert broken.key == "pytorch_model_fsdp_0/" and ".metadata" in broken.error
     assert ck.read_object("scheduler.last_epoch") == 2  # the rest stays browsable
+
+
+# --- Megatron-Core -------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["tp1", "tp2"])
+def test_megatron_optimizer_keys_spelled_its_way(name: str) -> None:
+    """``optimizer.state.exp_avg.<fqn>``: the state's name first, and no per-parameter step
+    (its profile): every parameter's state is found, none is an orphan."""
+    from inspector.analysis.resume import optimizer_state
+    from inspector.keys.spellings import model_fqn
+
+    ck = inspector.open(FIXTURES.parent / "megatron" / name)
+    assert ck.producer == "megatron-core"
+    params = {f for e in ck.entries() if e.kind == "tensor" and (f := model_fqn(e))}
+    found = optimizer_state(ck.entries(), params, ck.profile)
+    assert not found.unknown and len(found.states) == 9
+    assert all(set(s) == {"exp_avg", "exp_avg_sq"} for s in found.states.values())
+    report = inspector.audit(ck, checksums=False)
+    assert report.ok and report.problems == ()

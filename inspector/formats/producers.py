@@ -255,7 +255,20 @@ ACCELERATE = Producer(
     ),
     step_dir=r"checkpoint_([0-9]+)",
 )
-UNKNOWN = Producer("unknown", "an unknown program", "no producer's evidence", strict=False)
+UNKNOWN = Producer(
+    "unknown",
+    "an unknown program",
+    "no producer's evidence",
+    strict=False,
+    layouts=_frozen(
+        {
+            "prefixed": LayoutNote(
+                "The model's weights are nested under their component: load that part "
+                "(e.g. ckpt['model']) into the model."
+            )
+        }
+    ),
+)
 
 # Most specific first: the first whose evidence is found names the checkpoint.
 PROFILES: tuple[Producer, ...] = (

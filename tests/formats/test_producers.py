@@ -239,3 +239,25 @@ def test_megatron_optimizer_keys_spelled_its_way(name: str) -> None:
     assert all(set(s) == {"exp_avg", "exp_avg_sq"} for s in found.states.values())
     report = inspector.audit(ck, checksums=False)
     assert report.ok and report.problems == ()
+
+
+# --- torch_checkpointing -------------------------------------------------------------------
+def test_torch_checkpointing_audits_clean(tc_single_written: dict) -> None:
+    ck = inspector.open(tc_single_written["single"].path)
+    assert ck.producer == "torch_checkpointing"
+    report = inspector.audit(ck)
+    assert report.ok and not [p for p in report.problems if p.severity != "info"], report
+
+
+def test_a_torch_save_training_dict_is_not_blamed_on_torchtitan(tmp_path: Path) -> None:
+    """``torch.save({"model": ..., "optimizer": ...})``: no producer named, the nesting is
+    explained, nothing about torchtitan's history."""
+    model = torch.nn.Linear(2, 2)
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.save({"model": model.state_dict(), "optimizer": optim.state_dict()}, tmp_path / "c.pt")
+    ck = inspector.open(tmp_path / "c.pt")
+    assert (ck.producer, ck.layout) == ("unknown", "prefixed")
+    line = findings.layout_facts(ck).finding()
+    assert line.tone == "ok" and "ckpt['model']" in line.consequence
+    assert "torchtitan" not in line.title + line.consequence + ck.layout_reason
+    assert inspector.audit(ck).ok

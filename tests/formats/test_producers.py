@@ -197,6 +197,16 @@ def test_hf_trainer_checkpoint_folder() -> None:
     assert report.ok and not [p for p in report.problems if p.severity != "info"]
 
 
+def test_hf_trainer_export_holds_the_weights_only(tmp_path: Path) -> None:
+    """The export of a Trainer step is its model file's tensors, not its RNG or optimizer."""
+    step = FIXTURES / "hf-trainer" / "checkpoint-2"
+    inspector.export(step, tmp_path / "out")
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    want = load_file(step / "model.safetensors")
+    assert sorted(written) == sorted(want)
+    assert all(torch.equal(written[k], v) for k, v in want.items())
+
+
 # --- accelerate ----------------------------------------------------------------------------
 @pytest.mark.parametrize("form", ["plain", "fsdp"])
 def test_accelerate_save_state(form: str) -> None:

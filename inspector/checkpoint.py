@@ -26,6 +26,8 @@ from inspector.errors import (
 )
 from inspector.formats.base import Source, Step
 from inspector.formats.detect import open_source
+from inspector.formats.producers import Producer
+from inspector.formats.producers import profile as producer_profile
 from inspector.gc_pause import paused_gc
 from inspector.keys.components import component_counts, with_components
 from inspector.keys.layouts import detect_layout
@@ -92,7 +94,9 @@ class Checkpoint:
         self.scale_pairs: ScalePairs = scaled_pairs(self._entries)
         self._detections: dict[str, Detection] = {}
         self._damage: dict[str, str] = {}
-        self._layout = detect_layout(entries, nesting=source.nesting)
+        self._layout = detect_layout(
+            entries, nesting=source.nesting, profile=producer_profile(source.producer)
+        )
 
     # --- what it is ---------------------------------------------------------------------
     @property
@@ -120,12 +124,14 @@ class Checkpoint:
 
     @property
     def producer(self) -> str:
-        """Which program wrote it, where the files or the layout tell; else ``"unknown"``."""
-        if self.source.producer != "unknown":
-            return self.source.producer
-        if self._layout.name in ("flat", "prefixed") and self.format.startswith("dcp"):
-            return "torchtitan"
-        return "unknown"
+        """Which program wrote it, judged by evidence in its files (``"torch-dcp"``: a DCP
+        folder nothing else claims; ``"unknown"``: no evidence)."""
+        return self.source.producer
+
+    @property
+    def profile(self) -> Producer:
+        """The producer's profile: what it saves, what a resume needs, what its layouts mean."""
+        return producer_profile(self.source.producer)
 
     @property
     def layout(self) -> str:

@@ -1,6 +1,6 @@
 """Which component a key belongs to, from the nested path it was saved under: model,
 optimizer, lr_scheduler, dataloader, train_state, common or rng (Megatron-Core's common
-state and sharded rng objects), else other.
+state and sharded rng objects), loops or callbacks (Lightning), else other.
 
 The first element of a nested path (DCP ``planner_data``, ``.pt`` dict nesting) names it;
 a lone tensor is the model's (a bare state dict). A record, so formats can set it while
@@ -19,11 +19,14 @@ _ALIASES = {
     "optim": "optimizer",
     "optimizer_state_dict": "optimizer",
     "optimizers": "optimizer",
+    "optimizer_states": "optimizer",  # Lightning
     "lr_scheduler": "lr_scheduler",
     "lr_schedulers": "lr_scheduler",
     "scheduler": "lr_scheduler",
     "dataloader": "dataloader",
     "train_state": "train_state",
+    "loops": "loops",  # Lightning's fit / validate loop progress
+    "callbacks": "callbacks",  # Lightning's callbacks' states (ModelCheckpoint, ...)
     # Megatron-Core: the common state (args, iteration, ...), sharded rng and rerun objects.
     "common_state": "common",
     "rerun_state_machine_state": "common",

@@ -14,7 +14,17 @@ from typing import Any, Literal, NamedTuple
 from inspector import dtypes
 
 Kind = Literal["tensor", "object"]
-COMPONENTS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "common", "rng")
+COMPONENTS = (
+    "model",
+    "optimizer",
+    "lr_scheduler",
+    "dataloader",
+    "train_state",
+    "loops",
+    "callbacks",
+    "common",
+    "rng",
+)
 
 
 class ChunkInfo(NamedTuple):

@@ -44,6 +44,7 @@ FORMAT_SURFACE = (
     "inspector.formats.detect",
     "inspector.formats.writing",
     "inspector.formats.safe_pickle",
+    "inspector.formats.producers",
 )
 FORMAT_WRITERS = (
     "inspector.formats.safetensors",

@@ -332,7 +332,7 @@ def _step_problems(ck: Checkpoint) -> list[Problem]:
     entries = ck.entries()
     params = {fqn for e in entries if (fqn := model_fqn(e)) is not None}
     steps: dict[float, list[str]] = {}
-    for states in optimizer_state(entries, params).states.values():
+    for states in optimizer_state(entries, params, ck.profile).states.values():
         step = states.get("step")
         if step is not None and step.kind == "tensor" and step.numel == 1:
             value = _scalar(ck, step)

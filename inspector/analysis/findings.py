@@ -30,6 +30,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "unchecked": ("info", "records saved without CRC-32: their bytes cannot be verified"),
     "no-checksums": ("info", "the format keeps no checksums: sizes and offsets checked only"),
     "model-only": ("info", "weights only: nothing to resume training from"),
+    "absent-component": ("info", "training state a resume may load is absent (producer unknown)"),
 }
 
 

@@ -16,6 +16,7 @@ from inspector.analysis.findings import Problem
 from inspector.checkpoint import Checkpoint
 from inspector.entry import Entry
 from inspector.errors import InspectorError
+from inspector.formats.producers import UNKNOWN, Producer
 from inspector.keys.optimizer import (
     is_param_list,
     optimizer_ref,
@@ -44,18 +45,22 @@ class OptimizerState:
     unknown: dict[str, list[str]] = field(default_factory=dict)  # section -> keys
 
 
-def optimizer_state(entries: list[Entry], fqns: set[str]) -> OptimizerState:
-    """Sort optimizer entries by parameter; those naming no model parameter are ``unknown``."""
+def optimizer_state(
+    entries: list[Entry], fqns: set[str], profile: Producer = UNKNOWN
+) -> OptimizerState:
+    """Sort optimizer entries by parameter (spelled as the producer spells them); those
+    naming no model parameter are ``unknown``."""
     found = OptimizerState()
+    first = profile.state_first
     for entry in entries:
         ref = optimizer_ref(entry)
         if ref is None:
             continue
-        fqn = resolve_optimizer_fqn(ref, fqns)
+        fqn = resolve_optimizer_fqn(ref, fqns, state_first=first)
         if fqn is None:
             found.unknown.setdefault(ref.section, []).append(entry.key)
         elif ref.section == "state":
-            found.states.setdefault(fqn, {})[state_name(ref, fqn)] = entry
+            found.states.setdefault(fqn, {})[state_name(ref, fqn, state_first=first)] = entry
         else:
             found.grouped.add(fqn)
     return found
@@ -65,7 +70,7 @@ def resume_problems(ck: Checkpoint) -> list[Problem]:
     """What stops (or may spoil) resuming training from ``ck``."""
     entries = ck.entries()
     components = ck.components()
-    if not any(c in components for c in RESUME_COMPONENTS):
+    if not any(c in components for c in (*RESUME_COMPONENTS, *ck.profile.resume)):
         return [
             Problem(
                 None,
@@ -78,9 +83,9 @@ def resume_problems(ck: Checkpoint) -> list[Problem]:
     params = {fqn: e for e in entries if e.kind == "tensor" and (fqn := model_fqn(e)) is not None}
     problems = _component_problems(ck, components)
     if "optimizer" in components:
-        found = optimizer_state(entries, set(params))
+        found = optimizer_state(entries, set(params), ck.profile)
         found.grouped |= _grouped_params(ck, entries, set(params))
-        problems += _optimizer_problems(params, found)
+        problems += _optimizer_problems(params, found, ck.profile.param_states)
     problems += _dataloader_problems(ck, entries)
     return problems
 
@@ -102,35 +107,35 @@ def _grouped_params(ck: Checkpoint, entries: list[Entry], fqns: set[str]) -> set
 
 
 def _component_problems(ck: Checkpoint, components: dict[str, int]) -> list[Problem]:
-    """The optimizer always; torchtitan's other training state once part of it is there (a
-    checkpoint holding some of it lost the rest; one holding none was saved without it)."""
-    extras = [c for c in RESUME_COMPONENTS if c != "optimizer" and c in components]
-    wanted = RESUME_COMPONENTS if ck.producer == "torchtitan" and extras else ("optimizer",)
+    """What the producer's resume loads and the checkpoint lacks: an error where the producer
+    always writes it (its profile says so), a note where its rules are not known."""
+    profile = ck.profile
     held = ", ".join(c for c in components if c != "other")
+    if profile.strict:
+        kind, why = "missing-component", f"{profile.title} saves it and a resume loads it"
+    else:
+        kind, why = "absent-component", "a resume may need it (the producer's rules are unknown)"
     problems = [
-        Problem(
-            None,
-            None,
-            "missing-component",
-            f"no {name} state beside {held}: a resume loads it"
-            + (", and torchtitan saves all of " + ", ".join(RESUME_COMPONENTS) if extras else ""),
-        )
-        for name in wanted
+        Problem(None, None, kind, f"no {name} state beside {held}: {why}")
+        for name in profile.resume
         if name not in components
     ]
-    if "train_state" in components and not any(is_train_step(e) for e in ck.entries()):
+    step_state = profile.step_state
+    if step_state in components and not any(is_train_step(e) for e in ck.entries()):
         problems.append(
             Problem(
                 None,
                 None,
                 "missing-component",
-                "train_state has no step: the resume cannot tell which step it continues from",
+                f"{step_state} has no step: the resume cannot tell which step it continues from",
             )
         )
     return problems
 
 
-def _optimizer_problems(params: dict[str, Entry], found: OptimizerState) -> list[Problem]:
+def _optimizer_problems(
+    params: dict[str, Entry], found: OptimizerState, param_states: frozenset[str] | None
+) -> list[Problem]:
     problems = [
         Problem(
             keys[0],
@@ -142,7 +147,8 @@ def _optimizer_problems(params: dict[str, Entry], found: OptimizerState) -> list
         )
         for section, keys in found.unknown.items()
     ]
-    expected = expected_states({n for names in found.states.values() for n in names})
+    seen = {n for names in found.states.values() for n in names}
+    expected = param_states if param_states is not None else expected_states(seen)
     # param_groups entries per FQN (torchtitan's flattened state) say what is trained
     trained = found.grouped or set(found.states)
     untracked = []

@@ -9,8 +9,15 @@ also what the audit reports).
 
 from __future__ import annotations
 
-from inspector.errors import CorruptCheckpointError, NotACheckpointError, UnfinishedSaveError
+from inspector.errors import (
+    CorruptCheckpointError,
+    InspectorError,
+    NotACheckpointError,
+    UnfinishedSaveError,
+)
+from inspector.formats import producers
 from inspector.formats.base import Source
+from inspector.formats.bundle import BundleSource, component_files
 from inspector.formats.dcp import reader as dcp
 from inspector.formats.hf_sharded import ShardedSource
 from inspector.formats.runs import open_run
@@ -36,6 +43,9 @@ def open_source(storage: Storage, name: str = "") -> Source:
     if not name:
         if dcp.is_dcp_dir(storage):
             return dcp.DcpSource(storage)
+        bundle = open_bundle(storage)
+        if bundle is not None:
+            return bundle
         if looks_like_torch_checkpointing(storage):
             return TorchCheckpointingSource(storage)
         return open_run(storage, open_source, open_folder) or open_folder(storage)
@@ -83,6 +93,30 @@ def open_file(storage: Storage, name: str) -> SafetensorsSource | TorchSaveSourc
     )
 
 
+# --- a folder saved one file per component (HF Trainer, accelerate) ----------------------
+def open_bundle(storage: Storage) -> Source | None:
+    """The folder as one checkpoint of several component files, when a producer that saves
+    so is named by the folder's files (its profile's ``component_files``); else None."""
+    try:
+        names = [n + "/" * (kind == "dir") for n, kind in storage.list()]
+    except InspectorError:
+        return None
+    found, evidence = producers.identify(names, ())
+    parts = component_files(found, names)
+    if not parts:
+        return None
+    try:
+        model: Source | None = open_folder(storage, skip=frozenset(parts))
+    except NotACheckpointError:
+        model = None
+    return BundleSource(storage, found, evidence, model, parts, open_part)
+
+
+def open_part(storage: Storage, name: str) -> Source:
+    """One part of a bundle by its content: a DCP folder (``name`` empty) or a file."""
+    return dcp.DcpSource(storage) if not name else open_file(storage, name)
+
+
 # --- a folder of files ---------------------------------------------------------------------
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_INDEX = "pytorch_model.bin.index.json"
@@ -90,9 +124,10 @@ TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SHARDED_DIR = "sharded"
 
 
-def open_folder(storage: Storage) -> Source:
-    """The checkpoint in the folder, with notes saying which files were picked and why."""
-    listed = storage.list()
+def open_folder(storage: Storage, skip: frozenset[str] = frozenset()) -> Source:
+    """The checkpoint in the folder, with notes saying which files were picked and why
+    (``skip``: names a bundle holds as other components)."""
+    listed = [(n, kind) for n, kind in storage.list() if n not in skip]
     names = [n for n, kind in listed if kind == "file"]
     st_index = _preferred(
         [n for n in names if n.endswith(".safetensors.index.json")], SAFETENSORS_INDEX

@@ -1,9 +1,10 @@
-"""Training-run folders: a folder of saved steps (torchtitan ``step-N/``, torch_checkpointing
-``step_N/``, Megatron ``iter_NNNNNNN/`` with ``latest_checkpointed_iteration.txt``, Hugging
-Face Trainer ``checkpoint-N/``) opens as its latest step, and says which it chose and which
-others exist (the source's ``steps``).
+"""Training-run folders: a folder of saved steps (each producer's run-folder rule, from its
+profile: torchtitan ``step-N/``, torch_checkpointing ``step_N/``, Megatron ``iter_NNNNNNN/``
+with ``latest_checkpointed_iteration.txt``, DeepSpeed ``global_stepN/`` with ``latest``,
+Hugging Face Trainer ``checkpoint-N/``, accelerate ``checkpoint_N/``) opens as its latest
+step, and says which it chose and which others exist (the source's ``steps``).
 
-The latest is the one Megatron's tracker names, else the highest number. A step whose save
+The latest is the one a tracker file names, else the highest number. A step whose save
 did not finish is passed over for the one before it (noted); torch_checkpointing's
 uncommitted ``tmp_<name>/`` folders are never chosen.
 """
@@ -15,16 +16,12 @@ from collections.abc import Callable
 
 from inspector.errors import CheckpointFileMissingError, CorruptCheckpointError, UnfinishedSaveError
 from inspector.formats.base import Source, Step
+from inspector.formats.producers import PROFILES
 from inspector.storage.base import Storage
 
-TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = "release"
-STEP_DIRS = {
-    "torchtitan": re.compile(r"step-([0-9]+)"),
-    "torch_checkpointing": re.compile(r"step_([0-9]+)"),
-    "Megatron": re.compile(r"iter_([0-9]+)"),
-    "Hugging Face Trainer": re.compile(r"checkpoint-([0-9]+)"),
-}
+STEP_DIRS = {p.name: re.compile(p.step_dir) for p in PROFILES if p.step_dir}
+TRACKERS = dict(p.tracker for p in PROFILES if p.tracker)  # file -> the folder it names
 UNCOMMITTED = "tmp_"
 _MAX_TRACKER_BYTES = 64
 # Files that make the folder a checkpoint of its own (a Trainer's output folder holds the
@@ -42,8 +39,8 @@ def open_run(storage: Storage, open_step: Opener, open_here: Opener) -> Source |
     dirs = [name for name, kind in listed if kind == "dir"]
     steps = _steps(dirs)
     pending = [d for d in dirs if d.startswith(UNCOMMITTED) and _steps([d[len(UNCOMMITTED) :]])]
-    tracked = (TRACKER, "file") in listed
-    if not steps and not pending and not tracked:
+    tracker = next((t for t in TRACKERS if (t, "file") in listed), None)
+    if not steps and not pending and tracker is None:
         return None
     notes = [f"ignored {d}/: a save that was never committed" for d in pending]
     files = [name for name, kind in listed if kind == "file" and name.endswith(_CHECKPOINT_FILES)]
@@ -51,9 +48,9 @@ def open_run(storage: Storage, open_step: Opener, open_here: Opener) -> Source |
         source = open_here(storage)
         notes.insert(0, f"the folder also holds {len(steps)} saved step(s): see ck.steps")
         return _attached(source, storage, steps, None, notes)
-    if tracked:
-        chosen = _tracked(storage, steps)
-        notes.insert(0, f"{TRACKER} names {chosen}/ as the latest step")
+    if tracker is not None:
+        chosen = _tracked(storage, tracker, steps)
+        notes.insert(0, f"{tracker} names {chosen}/ as the latest step")
         return _attached(open_step(storage.child(chosen)), storage, steps, chosen, notes)
     if not steps:
         raise UnfinishedSaveError(
@@ -78,23 +75,26 @@ def _steps(dirs: list[str]) -> list[tuple[str, int | None]]:
     return [*found, *([(RELEASE, None)] if RELEASE in dirs else [])]
 
 
-def _tracked(storage: Storage, steps: list[tuple[str, int | None]]) -> str:
-    """The folder Megatron's tracker names (``iter_%07d`` of its number, or ``release``)."""
-    label = storage.describe(TRACKER)
-    raw = storage.read(TRACKER, 0, min(storage.size(TRACKER), _MAX_TRACKER_BYTES + 1))
+def _tracked(storage: Storage, tracker: str, steps: list[tuple[str, int | None]]) -> str:
+    """The folder a tracker file names: Megatron's ``iter_%07d`` of its number (or
+    ``release``), DeepSpeed's folder name itself."""
+    label = storage.describe(tracker)
+    raw = storage.read(tracker, 0, min(storage.size(tracker), _MAX_TRACKER_BYTES + 1))
     value = raw.decode("utf-8", "replace").strip()
+    template = TRACKERS[tracker]
+    numbered = "{:" in template
     if value == RELEASE:
         name = RELEASE
-    elif value.isdigit() and len(raw) <= _MAX_TRACKER_BYTES:
-        name = f"iter_{int(value):07d}"
+    elif len(raw) <= _MAX_TRACKER_BYTES and (value.isdigit() or not numbered) and value:
+        name = template.format(int(value) if numbered else value)
     else:
-        raise CorruptCheckpointError(
-            f"holds {value[:40]!r}, not an iteration number or 'release'", file=label
-        )
+        what = "an iteration number or 'release'" if numbered else "a step folder's name"
+        raise CorruptCheckpointError(f"holds {value[:40]!r}, not {what}", file=label)
     if name not in {step for step, _ in steps}:
         others = ", ".join(step for step, _ in steps) or "none"
         raise CheckpointFileMissingError(
-            f"names iteration {value!r}, but there is no {name}/ folder (steps found: {others})",
+            f"names {'iteration ' if numbered else ''}{value!r}, but there is no {name}/ "
+            f"folder (steps found: {others})",
             file=label,
         )
     return name

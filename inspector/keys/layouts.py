@@ -1,7 +1,7 @@
 """The checkpoint's layout (flat / prefixed / model-only / unknown) and the evidence for it.
 
-torchtitan stored model weights under ``model.`` before its PR #1347 (July 2025) and at
-top level since; other components keep their prefix.
+What a prefix means comes from the producer's profile (torchtitan's ``model.`` before its PR
+#1347, Lightning's ``state_dict.``, ...); the layout itself is judged from the entries.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from inspector.entry import Entry
+from inspector.formats.producers import UNKNOWN, Producer
 
 LAYOUTS = ("flat", "prefixed", "model-only", "unknown")
 
@@ -31,8 +32,9 @@ class Layout:
         return f"layout: {self.name}\n" + "\n".join(f"- {line}" for line in self.evidence)
 
 
-def detect_layout(entries: Iterable[Entry], *, nesting: str) -> Layout:
-    """Decide flat / prefixed / model-only / unknown; ``nesting`` says where paths came from."""
+def detect_layout(entries: Iterable[Entry], *, nesting: str, profile: Producer = UNKNOWN) -> Layout:
+    """Decide flat / prefixed / model-only / unknown; ``nesting`` says where paths came from,
+    ``profile`` what the producer's prefixes and layouts mean."""
     entries = list(entries)
     counts = Counter(e.component for e in entries)
     model = [e for e in entries if e.component == "model"]
@@ -57,11 +59,16 @@ def detect_layout(entries: Iterable[Entry], *, nesting: str) -> Layout:
         )
     if prefixed:
         name = "prefixed"
-        evidence.append("model weights under 'model.': torchtitan's layout before PR #1347")
+        head = str(prefixed[0].nested_path[0])
+        meaning = profile.prefixes.get(head)
+        evidence.append(f"model weights under {head + '.'!r}" + (f": {meaning}" if meaning else ""))
     elif top and others:
         name = "flat"
+        note = profile.layouts.get("flat")
+        called = note.called if note is not None else None
         evidence.append(
-            "model weights at top level beside prefixed components: torchtitan's current layout"
+            "model weights at top level beside prefixed components"
+            + (f": {called}" if called else "")
         )
     elif top:
         name = "model-only"

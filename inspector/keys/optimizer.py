@@ -47,10 +47,16 @@ def optimizer_ref(entry: Entry) -> OptimizerRef | None:
     return OptimizerRef(section, text, None)
 
 
-def resolve_optimizer_fqn(ref: OptimizerRef, fqns: set[str] | frozenset[str]) -> str | None:
-    """The FQN in ``fqns`` the reference names (longest dotted prefix of its text); else None."""
+def resolve_optimizer_fqn(
+    ref: OptimizerRef, fqns: set[str] | frozenset[str], *, state_first: bool = False
+) -> str | None:
+    """The FQN in ``fqns`` the reference names (longest dotted prefix of its text; with
+    ``state_first``, Megatron's spelling, the text after the state's name); else None."""
     if ref.fqn is not None:
         return ref.fqn if ref.fqn in fqns else None
+    if state_first:
+        rest = ref.text.partition(".")[2]
+        return rest if rest in fqns else None
     text = ref.text
     while "." in text:
         text = text.rpartition(".")[0]
@@ -59,8 +65,10 @@ def resolve_optimizer_fqn(ref: OptimizerRef, fqns: set[str] | frozenset[str]) ->
     return None
 
 
-def state_name(ref: OptimizerRef, fqn: str) -> str:
+def state_name(ref: OptimizerRef, fqn: str, *, state_first: bool = False) -> str:
     """The state's own name (``exp_avg``, ``step``, ...) once the parameter's FQN is known."""
+    if state_first and ref.fqn is None:
+        return ref.text.partition(".")[0]
     if ref.fqn is not None:
         return ref.text[len(ref.fqn) + 1 :]
     return ref.text[len(fqn) + 1 :] if ref.text.startswith(fqn + ".") else ref.text

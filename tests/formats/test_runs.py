@@ -114,3 +114,21 @@ def test_hf_trainer_checkpoints(tmp_path: Path) -> None:
 
 def test_a_checkpoint_folder_has_no_steps(demo_dir: Path) -> None:
     assert inspector.open(demo_dir / "flat").steps == ()
+
+
+def test_a_latest_tag_file_names_the_step_folder(tmp_path: Path) -> None:
+    """DeepSpeed's rule (its profile's ``tracker``): ``latest`` holds the folder's own name,
+    which wins over a higher-numbered step."""
+    for step in (3, 9):
+        (tmp_path / f"global_step{step}").mkdir()
+        save_file(
+            {"w": torch.full((2,), float(step))}, tmp_path / f"global_step{step}" / "w.safetensors"
+        )
+    (tmp_path / "latest").write_text("global_step3")
+    ck = inspector.open(tmp_path)
+    assert ck.source.notes[0] == "latest names global_step3/ as the latest step"
+    assert [s.name for s in ck.steps] == ["global_step3", "global_step9"]
+    assert same(ck.read("w"), torch.full((2,), 3.0))
+    (tmp_path / "latest").write_text("global_step5")
+    with pytest.raises(CheckpointFileMissingError, match=r"latest: names .*no global_step5/"):
+        inspector.open(tmp_path)

@@ -413,3 +413,16 @@ def test_doctor_diff_stats_and_cli(written: dict, capsys: pytest.CaptureFixture)
     )
     rows = {row["key"]: row for row in payload["entries"]}
     assert rows["tensors.strided"]["shape"] == [6, 4] and rows["tensors.strided"]["chunks"] == 4
+
+
+def test_raw_and_json_items_without_metadata_are_detected(written: dict, tmp_path: Path) -> None:
+    """No ``metadata.pkl``, a raw-bytes ``blob_0.bin`` and a ``config_0.json`` beside the
+    ``.pt`` items: still a torch_checkpointing folder, each item read by its file's kind."""
+    path = copied(written["single"], tmp_path)
+    (path / "metadata.pkl").unlink()
+    (path / "extra" / "blob_0.bin").rename(path / "blob_0.bin")
+    ck = inspector.open(path)
+    assert (ck.format, ck.producer) == ("torch-checkpointing", "torch_checkpointing")
+    assert ck.read_object("blob") == tc.RAW_BLOB
+    assert ck.read_object("config.model.vocab") == 7
+    assert same(ck.read("model.proj.weight"), written["single"].tensors["model.proj.weight"])

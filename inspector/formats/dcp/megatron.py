@@ -21,7 +21,6 @@ from inspector.formats.safe_pickle import DtypeName
 from inspector.reprs import bounded_repr
 from inspector.storage.base import Storage
 
-PRODUCER = "megatron-core"
 MARKER = "metadata.json"
 LEGACY_COMMON = "common.pt"
 COMMON_PREFIX = "common_state/"

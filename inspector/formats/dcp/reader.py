@@ -25,7 +25,7 @@ from inspector import dtypes
 from inspector.components import component_of
 from inspector.entry import ChunkInfo, Entry, Kind, layout_problem, make_entry
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
-from inspector.formats import safe_pickle
+from inspector.formats import producers, safe_pickle
 from inspector.formats.base import ChunkValue, Step, StoredRecord, file_sizes
 from inspector.formats.dcp import megatron
 from inspector.formats.dcp.metadata import (
@@ -111,7 +111,6 @@ def _unfinished_ranks(storage: Storage, files: list[str]) -> list[str]:
 class DcpSource:
     """A DCP checkpoint folder: metadata at open, chunk byte ranges on demand."""
 
-    producer = "unknown"
     name = ""
     key_matching = "stored"  # DCP's loader matches keys as stored
     steps: tuple[Step, ...] = ()
@@ -157,11 +156,26 @@ class DcpSource:
         self.metadata = {"version": _text(read.version)}
         if read.checkpoint_id is not None:
             self.metadata["saved_to"] = _text(read.checkpoint_id)
+        self.producer, evidence = self._producer(storage)
+        self.notes = (*self.notes, evidence)
         if self.megatron:
-            self.producer = megatron.PRODUCER
             shown, more = megatron.describe(self._entries, self._decoded)
             self.metadata |= shown
             self.notes = (*self.notes, *more)
+
+    def _producer(self, storage: Storage) -> tuple[str, str]:
+        """Who wrote it, by evidence (Megatron's marker, the folder's files, the keys);
+        a DCP folder with none is torch DCP's own."""
+        if self.megatron:
+            name = producers.MEGATRON.name
+            return name, f"producer: {name}, from {megatron.MARKER}"
+        try:
+            files = [n + "/" * (kind == "dir") for n, kind in storage.list()]
+        except InspectorError:
+            files = []
+        paths = (e.nested_path for e in self._entries)
+        found, evidence = producers.identify(files, paths, fallback=producers.TORCH_DCP)
+        return found.name, evidence
 
     def entries(self) -> list[Entry]:
         return self._entries

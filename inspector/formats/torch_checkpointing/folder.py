@@ -21,6 +21,7 @@ _MAX_DEPTH = 8
 _MAX_FILES = 1 << 20
 _OTHER_CHECKPOINTS = (".metadata", ".index.json")
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+_ITEM_SUFFIXES = (".pt", ".bin", ".json")  # torch.save, raw bytes, JSON items
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,9 @@ class Folder:
 
 
 def looks_like_torch_checkpointing(storage: Storage) -> bool:
-    """``metadata.pkl``, or several ``<item>_<rank>.pt`` files whose ranks run from 0 with
-    no gap, and no other checkpoint's index beside them."""
+    """``metadata.pkl``, or ``<item>_<rank>`` files (torch.save ``.pt``, at least one; raw
+    bytes ``.bin``; ``.json``) whose ranks run from 0 with no gap, every torch file among
+    them, and no other checkpoint's index beside them."""
     try:
         names = [n for n, kind in storage.list() if kind == "file"]
     except InspectorError:
@@ -56,9 +58,12 @@ def looks_like_torch_checkpointing(storage: Storage) -> bool:
         return True
     torch_files = [n for n in names if n.endswith(_TORCH_SUFFIXES)]
     matches = [ITEM_FILE.fullmatch(n) for n in torch_files]
-    if len(torch_files) < 2 or not all(m and m["ext"] == ".pt" for m in matches):
+    if not all(m and m["ext"] in _ITEM_SUFFIXES for m in matches):
         return False
-    ranks = {int(m["rank"]) for m in matches if m}
+    found = [m for n in names if (m := ITEM_FILE.fullmatch(n)) and m["ext"] in _ITEM_SUFFIXES]
+    if len(found) < 2 or not any(m["ext"] == ".pt" for m in found):
+        return False
+    ranks = {int(m["rank"]) for m in found}
     return ranks == set(range(len(ranks)))
 
 

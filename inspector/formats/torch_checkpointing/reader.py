@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
 from inspector.formats.base import ChunkValue, Step, StoredRecord
+from inspector.formats.producers import TORCH_CHECKPOINTING
 from inspector.formats.safe_pickle import SubclassRef, TensorRef
 from inspector.formats.safetensors import read_span
 from inspector.formats.torch_archive import (
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     import torch
 
 FORMAT = "torch-checkpointing"
-PRODUCER = "torch_checkpointing"
+PRODUCER = TORCH_CHECKPOINTING.name
 
 
 class PerRank:

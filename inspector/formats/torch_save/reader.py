@@ -1,7 +1,9 @@
 """torch.save files (``.pt`` / ``.pth`` / ``.bin``): the object decoded safely, flattened like DCP.
 
 Nested dicts are flattened the way torch DCP's ``flatten_state_dict`` does (path elements
-joined with dots; lists holding tensors or dicts indexed), so a DCP checkpoint and its
+joined with dots; lists holding tensors or dicts indexed; dict subclasses, such as
+Lightning's ``AttributeDict`` hyper-parameters, decoded as stand-ins holding their items,
+walked like dicts), so a DCP checkpoint and its
 ``dcp_to_torch_save`` output list the same keys, each keeping its nested path. Opening
 decodes ``data.pkl`` into descriptions (nothing runs, no tensor data is read); a read
 touches only the tensor's byte range. Flattening visits at most as many values as the
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
+from inspector.formats import producers
 from inspector.formats.base import ChunkValue, Step, StoredRecord
 from inspector.formats.safe_pickle import Opaque, SubclassRef, TensorRef
 from inspector.formats.safe_pickle.dtensor import dtensor_parts
@@ -52,7 +55,6 @@ class TorchSaveSource:
     """A torch.save file: every leaf of its (nested) object is an entry."""
 
     format = "torch-save"
-    producer = "unknown"
     nesting = "torch.save dict nesting"
     key_matching = "flattened"
     ranks: int | None = None
@@ -78,6 +80,10 @@ class TorchSaveSource:
             self._records = _records(archive, self._leaves.values())
         self._entries = {key: self._entry(key, p, leaf) for key, (p, leaf) in self._leaves.items()}
         notes = [f"{name}: {what}, {len(self._entries)} values"]
+        found, evidence = producers.identify((), (p for p, _ in self._leaves.values()))
+        self.producer = found.name
+        if found is not producers.UNKNOWN:
+            notes.append(evidence)
         if not isinstance(value, (Mapping, list)):
             notes.append(f"the file holds a single value, listed under {stem!r}")
         self.notes = tuple(notes)
@@ -256,6 +262,17 @@ class _Budget:
             )
 
 
+def _as_mapping(value: Any) -> Mapping | None:
+    """A dict, or a dict subclass's stand-in (its items are key-value pairs), as a mapping."""
+    if isinstance(value, Mapping):
+        return value
+    if isinstance(value, Opaque) and value.items and not value.args:
+        pairs = value.items
+        if all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
+            return dict(pairs)
+    return None
+
+
 def _walked_lists(value: Any, budget: _Budget) -> set[int]:
     """ids of the lists DCP's rule walks: those holding a tensor, a mapping, or a walked
     list (the rest are leaf values). Decided bottom-up without recursion."""
@@ -264,19 +281,26 @@ def _walked_lists(value: Any, budget: _Budget) -> set[int]:
     stack: list[tuple[Any, bool]] = [(value, False)]
     while stack:
         item, children_done = stack.pop()
-        if not isinstance(item, (Mapping, list)) or (id(item) in decided and not children_done):
+        mapping = _as_mapping(item)
+        if (mapping is None and not isinstance(item, list)) or (
+            id(item) in decided and not children_done
+        ):
             continue
-        children = list(item.values()) if isinstance(item, Mapping) else item
+        children = list(mapping.values()) if mapping is not None else item
         if not children_done:
             budget.spend(len(children) + 1)
             decided.add(id(item))
             stack.append((item, True))
-            stack.extend((c, False) for c in children if isinstance(c, (Mapping, list)))
+            stack.extend((c, False) for c in children if _container(c))
         elif isinstance(item, list) and any(
-            _is_tensor(c) or isinstance(c, Mapping) or id(c) in walked for c in item
+            _is_tensor(c) or _as_mapping(c) is not None or id(c) in walked for c in item
         ):
             walked.add(id(item))
     return walked
+
+
+def _container(value: Any) -> bool:
+    return isinstance(value, list) or _as_mapping(value) is not None
 
 
 def flatten(value: Any, name: str, *, budget: int, file: str) -> list[tuple[NestedPath, Any]]:
@@ -284,19 +308,20 @@ def flatten(value: Any, name: str, *, budget: int, file: str) -> list[tuple[Nest
     At most ``budget`` values are visited (the file's size: each genuine value costs bytes)."""
     meter = _Budget(budget, file)
     walked = _walked_lists(value, meter)
-    if not isinstance(value, Mapping) and id(value) not in walked:
+    if _as_mapping(value) is None and id(value) not in walked:
         return [((name,), value)]
     found: list[tuple[NestedPath, Any]] = []
     stack: list[tuple[NestedPath, Any]] = [((), value)]
     while stack:
         path, item = stack.pop()
         meter.spend()
-        if len(path) > _MAX_DEPTH and isinstance(item, (Mapping, list)):
+        if len(path) > _MAX_DEPTH and _container(item):
             raise CorruptCheckpointError(
                 f"the object nests deeper than {_MAX_DEPTH} levels", file=file
             )
-        if isinstance(item, Mapping):
-            stack.extend(reversed([((*path, _key_text(k, file)), v) for k, v in item.items()]))
+        mapping = _as_mapping(item)
+        if mapping is not None:
+            stack.extend(reversed([((*path, _key_text(k, file)), v) for k, v in mapping.items()]))
         elif isinstance(item, list) and id(item) in walked:
             stack.extend(reversed([((*path, i), v) for i, v in enumerate(item)]))
         else:

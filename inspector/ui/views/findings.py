@@ -20,6 +20,7 @@ from inspector.analysis.fqn import KeyReport, check_keys
 from inspector.checkpoint import Checkpoint
 from inspector.errors import InspectorError
 from inspector.exporting.fp8 import FP8_MODE_HELP
+from inspector.formats.producers import LayoutNote
 from inspector.keys.spellings import (
     WRAPPER_ORIGINS,
     WRAPPER_PREFIXES,
@@ -152,6 +153,7 @@ class LayoutFacts:
     reason: str
     wrappers: tuple[str, ...] = ()
     report: KeyReport | None = None
+    note: LayoutNote | None = None  # what the layout means for the producer's own loader
 
     def finding(self) -> Finding:
         if self.report is not None and self.report.best is not None:
@@ -162,13 +164,14 @@ class LayoutFacts:
             )
         else:
             fix = None
-        if self.layout == "prefixed":
+        if self.layout == "prefixed" and (self.note is None or not self.note.fine):
             example = self.report.missing[0] if self.report and self.report.missing else ""
             consequence = (
-                "Current torchtitan (since PR #1347, July 2025) loads model weights from "
-                "top-level keys: loading this checkpoint reports every model key missing"
-                + (f" (e.g. {example!r})." if example else ".")
-            )
+                self.note.consequence
+                if self.note is not None
+                else "A loader that expects model weights at top level reports every model "
+                "key missing"
+            ) + (f" (e.g. {example!r})." if example else ".")
             return Finding("layout", "warn", f"prefixed: {self.reason}", consequence, fix)
         if self.wrappers:
             origins = ", ".join(f"{w!r} ({WRAPPER_ORIGINS[w]})" for w in self.wrappers)
@@ -177,11 +180,13 @@ class LayoutFacts:
                 "reports them missing."
             )
             return Finding("layout", "warn", f"{self.layout}: {self.reason}", consequence, fix)
-        tone = {"flat": "ok", "model-only": "info"}.get(self.layout, "bad")
+        tone = {"flat": "ok", "prefixed": "ok", "model-only": "info"}.get(self.layout, "bad")
         consequence = {
-            "flat": "Loads into current torchtitan as it is.",
+            "flat": "Model weights at top level beside the other training state.",
             "model-only": "Model weights only: they load as weights; nothing to resume from.",
         }.get(self.layout, "No model weights recognised: there is nothing to load or export.")
+        if self.note is not None:
+            consequence = self.note.consequence
         return Finding("layout", tone, f"{self.layout}: {self.reason}", consequence)
 
 
@@ -191,11 +196,12 @@ def layout_facts(ck: Checkpoint) -> LayoutFacts:
     wrappers = tuple(
         w for w in WRAPPER_PREFIXES if any(has_segment(fqn, w) for fqn in fqns.values())
     )
-    if ck.layout != "prefixed" and not wrappers:
-        return LayoutFacts(ck.layout, ck.layout_reason)
+    note = ck.profile.layouts.get(ck.layout)
+    if (ck.layout != "prefixed" or (note is not None and note.fine)) and not wrappers:
+        return LayoutFacts(ck.layout, ck.layout_reason, note=note)
     expected = [strip_segments(fqn, WRAPPER_PREFIXES) for fqn in fqns.values()]
     report = check_keys(ck, expected)
-    return LayoutFacts(ck.layout, ck.layout_reason, wrappers, report)
+    return LayoutFacts(ck.layout, ck.layout_reason, wrappers, report, note)
 
 
 # --- audit -------------------------------------------------------------------------------
@@ -218,7 +224,8 @@ def audit_finding(report: AuditReport) -> Finding:
 def producer_finding(ck: Checkpoint, step: int | None) -> Finding:
     """Who wrote it and at which step (the folder's, the metadata's or ``train_state``)."""
     opened = next((s for s in ck.steps if s.opened), None)
-    parts = [f"written by {ck.producer}" if ck.producer != "unknown" else "producer unknown"]
+    known = ck.profile.name != "unknown"
+    parts = [f"written by {ck.producer}" if known else "producer unknown"]
     if step is not None:
         parts.append(f"step {step:,}")
     if opened is not None:
@@ -278,7 +285,8 @@ def at_once(ck: Checkpoint) -> Findings:
     """What metadata alone tells (no per-key work): layout verdict, producer, run step."""
     opened = next((s for s in ck.steps if s.opened), None)
     step = opened.number if opened is not None else None
-    return Findings(LayoutFacts(ck.layout, ck.layout_reason), producer_finding(ck, step))
+    note = ck.profile.layouts.get(ck.layout)
+    return Findings(LayoutFacts(ck.layout, ck.layout_reason, note=note), producer_finding(ck, step))
 
 
 def find(

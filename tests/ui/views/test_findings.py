@@ -123,7 +123,8 @@ def test_producer_and_step_of_a_run(run_root: Path) -> None:
     assert findings.saved_step(ck) == 10
     older = inspector.open(ck.steps[0].location)  # the seed: no train_state, no run folder
     assert findings.saved_step(older) is None
-    assert findings.producer_finding(older, None).title == "producer unknown"
+    # model weights alone name no trainer: torch DCP's own
+    assert findings.producer_finding(older, None).title == "written by torch-dcp"
 
 
 def test_location_and_bytes_read(demo_dir: Path) -> None:

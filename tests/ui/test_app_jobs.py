@@ -119,6 +119,37 @@ def test_stats_cancel_stops_between_passes(demo_dir: Path) -> None:
     assert app.errors.value == ""
 
 
+def test_stats_show_numbers_before_the_histogram_and_norms(demo_dir: Path) -> None:
+    app = opened(demo_dir / "fp8")
+    tensor = app.tensor
+    app.tree.select(WQ)
+    order: list[str] = []
+    tensor.stats.observe(
+        lambda c: order.append("numbers") if "statistics" in c["new"] else None, "value"
+    )
+    tensor.histogram.observe(lambda _: order.append("histogram"), "value")
+    tensor.norms.observe(lambda _: order.append("norms"), "value")
+    tensor.stats_button.click()
+    tensor.wait()
+    assert order == ["numbers", "histogram", "norms"]
+    assert tensor.numbers is not None and not tensor.numbers.partial
+
+
+def test_stats_cancel_keeps_what_is_done(demo_dir: Path) -> None:
+    app = opened(demo_dir / "fp8")
+    tensor = app.tensor
+    app.tree.select(WQ)
+    tensor.histogram.observe(lambda _: tensor.job.cancel_button.click(), "value")
+    tensor.stats_button.click()
+    tensor.wait()
+    assert tensor.job.status.value == "cancelled"
+    numbers = tensor.numbers
+    assert numbers is not None and numbers.stats == app.ck.stats(WQ) and numbers.partial
+    assert numbers.histogram is not None and tensor.histogram.layout.display == ""
+    assert "statistics" in tensor.stats.value and tensor.norms.layout.display == "none"
+    assert app.errors.value == ""
+
+
 def test_job_bar_cancel_button_and_failure() -> None:
     errors = ErrorBox()
     bar = JobBar(errors, "The test job")

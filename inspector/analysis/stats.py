@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 BLOCK = 1 << 22
+DECADES = 2  # per-layer plots switch to a log scale past this many decades of values
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block|layer)\.(\d+)\.")
 
 
@@ -326,7 +327,8 @@ def plot_layer_norms(
 
 
 def plot_by_layer(table: pandas.DataFrame, value: str, label: str, *, ax: Any = None) -> Figure:
-    """One line per ``name`` of a table with ``layer``, ``name`` and ``value`` columns."""
+    """One line per ``name`` of a table with ``layer``, ``name`` and ``value`` columns; the
+    legend beside the axes (never over a line), a log scale when values span decades."""
     fig, ax = _axes(ax)
     for name, group in table.groupby("name", sort=True):
         group = group.sort_values("layer")
@@ -334,9 +336,22 @@ def plot_by_layer(table: pandas.DataFrame, value: str, label: str, *, ax: Any = 
     ax.set_xlabel("layer")
     ax.set_ylabel(label)
     ax.xaxis.get_major_locator().set_params(integer=True)  # layers are whole numbers
+    _scale(ax, table[value])
     if len(table):
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     return fig
+
+
+def _scale(ax: Any, values: pandas.Series) -> None:
+    """A log y axis when the positive values span more than ``DECADES`` decades (symmetric
+    log, linear below the smallest of them, when there are zeros too)."""
+    positive = values[values > 0]
+    if not len(positive) or positive.max() < 10**DECADES * positive.min():
+        return
+    if (values <= 0).any():
+        ax.set_yscale("symlog", linthresh=float(positive.min()))
+    else:
+        ax.set_yscale("log")
 
 
 def _axes(ax: Any) -> tuple[Any, Any]:

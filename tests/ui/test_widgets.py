@@ -47,6 +47,20 @@ def fp8_app(demo_dir: Path) -> Inspector:
     return app
 
 
+def test_header_counts_one_of_a_kind_in_the_singular(tmp_path: Path) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(tmp_path), no_dist=True)
+    app = Inspector(tmp_path)
+    app.header.wait()
+    header = text(app.header)
+    assert "· 1 key ·" in header and "· 2 files ·" in header and "· 1 rank" in header
+    assert "3 parameters" in header and "1 keys" not in header and "1 ranks" not in header
+    app.tree.select("w")
+    assert "1 key," not in text(app.tensor.details)
+
+
 def test_lazy_export_and_header(demo_dir: Path, fp8_app: Inspector) -> None:
     assert inspector.Inspector is Inspector
     header = text(fp8_app.header)

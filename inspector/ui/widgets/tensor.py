@@ -9,7 +9,7 @@ from inspector.checkpoint import Checkpoint
 from inspector.entry import Entry
 from inspector.keys.tree import KeyNode
 from inspector.ui.views.numbers import TensorNumbers, tensor_numbers
-from inspector.ui.views.text import human_bytes, shape_text, value_text
+from inspector.ui.views.text import counted, human_bytes, shape_text, value_text
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.jobs import JobBar
 from inspector.ui.widgets.markup import facts, heading, limited, note, pre, table, totals_table
@@ -158,7 +158,7 @@ def _subtree(node: KeyNode) -> str:
         return note("Select a key in the tree for its chunks, subclass and statistics.")
     return (
         heading(node.prefix)
-        + f"<div>{node.count:,} keys, {human_bytes(node.nbytes)}</div>"
+        + f"<div>{counted(node.count, 'key')}, {human_bytes(node.nbytes)}</div>"
         + totals_table("dtype", node.by_dtype)
         + note(f"Select a key below {node.prefix} for its chunks, subclass and statistics.")
     )

@@ -44,7 +44,8 @@ class Inspector(w.VBox):
     The path box takes local paths and s3://, gs://, hf://, http(s):// URLs, opened with
     ``storage_options`` (fsspec's: endpoint_url, key, secret, token, anon, ...). The panels
     (``header``, ``tree``, ``tensor``, ``compare``, ``audit``, ``doctor``, ``export``) exist
-    once a checkpoint is open, each tab with its own error box (``tab_errors``); ``ck`` is the opened :class:`~inspector.checkpoint.Checkpoint`.
+    once a checkpoint is open, each tab with its own error box (``tab_errors``); ``ck`` is
+    the opened :class:`~inspector.checkpoint.Checkpoint`.
     The header's findings arrive from a worker thread moments after the first view
     (``app.header.wait()`` blocks until they are in).
     """

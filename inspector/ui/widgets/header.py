@@ -62,6 +62,7 @@ class Header(w.VBox):
         self.summary = summarize(ck)  # also the Export panel's, so counted once
         self.where = w.HTML()
         self.totals = w.HTML(_totals(ck, self.summary))
+        self.totals.add_class("inspector-totals")
         self.found = w.HTML()
         self.found.add_class("inspector-findings")
         self.fp8_button = w.Button(

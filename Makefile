@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 TORCH  := torch==2.13.0
 DEMO   := demo_checkpoints
+NOTEBOOK_COPIES := $(patsubst notebooks/%,$(DEMO)/notebooks/%,$(wildcard notebooks/*.ipynb))
 # Byte-compiled once, as a wheel install would be: where PYTHONDONTWRITEBYTECODE is set,
 # an editable install would otherwise compile every module in every new process.
 COMPILE := $(PY) -m compileall -q inspector
@@ -34,8 +35,15 @@ fuzz: dev-env
 	FUZZ_PROFILE=fuzz $(PY) -m pytest tests/test_fuzz.py tests/test_fuzz_structure.py
 	SANITIZED_FUZZ_SECONDS=$(FUZZ_SECONDS) SANITIZED_FUZZ_SEED=random $(PY) -m pytest tests/native/test_sanitized.py
 
-demo: $(DEMO)/.built
-	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/inspect.ipynb
+# JupyterLab at the repository root (demo_checkpoints/ in view) on working copies of the
+# notebooks, so what it autosaves stays out of notebooks/ (committed without outputs).
+demo: $(DEMO)/.built $(NOTEBOOK_COPIES)
+	INSPECTOR_DEMO_DIR=$(abspath $(DEMO)) $(VENV)/bin/jupyter lab $(LAB_FLAGS) \
+		--ServerApp.root_dir=$(CURDIR) $(DEMO)/notebooks/inspect.ipynb
+
+$(DEMO)/notebooks/%.ipynb: notebooks/%.ipynb
+	mkdir -p $(@D)
+	cp $< $@
 
 $(DEMO)/.built: $(PY) pyproject.toml $(wildcard inspector/demo/*.py) $(shell find inspector -name '*.c')
 	$(PIP) $(TORCH)

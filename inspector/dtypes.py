@@ -65,6 +65,8 @@ ALIASES = {
     "short": "int16",
     "bit": "uint1",
 }
+# The short names people type (``--dtype bf16``), in any case.
+SHORT_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
 NAMES = tuple(_TABLE)
 FLOAT8 = frozenset(n for n, (_, kind) in _TABLE.items() if kind == "float8")
 # Floating dtypes a high-precision value can be cast to (float8 and packed ones are payloads).
@@ -76,16 +78,18 @@ def is_known(name: Any) -> bool:
 
 
 def name_of(dtype: Any) -> str:
-    """The canonical name of a ``torch.dtype`` or of a name (``"bf16"`` is not one; aliases
-    such as ``"float"`` and a ``"torch."`` prefix are accepted). A bad name is an
-    InspectorError that lists the valid ones."""
+    """The canonical name of a ``torch.dtype`` or of a name (torch's aliases such as
+    ``"float"``, a ``"torch."`` prefix and the short names ``bf16``, ``fp16``, ``fp32``,
+    ``fp64`` are accepted). A bad name is an InspectorError that lists the valid ones."""
     text = str(dtype).removeprefix("torch.") if _is_torch_dtype(dtype) else dtype
     if isinstance(text, str):
-        text = ALIASES.get(text.removeprefix("torch."), text.removeprefix("torch."))
+        text = text.removeprefix("torch.")
+        text = ALIASES.get(text, SHORT_NAMES.get(text.lower(), text))
         if text in _TABLE:
             return text
     raise UsageError(
-        f"unknown dtype {dtype!r}; use a torch.dtype or one of: {', '.join(NAMES[:22])}, ..."
+        f"unknown dtype {dtype!r}; use a torch.dtype, one of {', '.join(SHORT_NAMES)} or one "
+        f"of: {', '.join(NAMES[:22])}, ..."
     )
 
 

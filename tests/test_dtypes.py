@@ -24,6 +24,10 @@ def test_names_aliases_and_prefixes() -> None:
     assert dtypes.name_of("torch.float16") == dtypes.name_of("half") == "float16"
     assert dtypes.name_of(torch.float) == "float32"
     assert dtypes.optional_name(None) is None
+    short = ["bf16", "BF16", "fp16", "fp32", "Fp64"]
+    assert [dtypes.name_of(n) for n in short] == [
+        "bfloat16", "bfloat16", "float16", "float32", "float64"
+    ]
     assert {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"} == dtypes.FLOAT8
 
 
@@ -33,3 +37,18 @@ def test_bad_names_are_usage_errors(wrong: object) -> None:
         dtypes.name_of(wrong)
     assert isinstance(caught.value, ValueError)
     assert "bfloat16" in str(caught.value)  # the message lists valid names
+
+
+def test_short_names_reach_reads_and_exports(tmp_path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    import inspector
+
+    dcp.save({"w": torch.randn(4, 3)}, storage_writer=dcp.FileSystemWriter(tmp_path / "c"),
+             no_dist=True)
+    ck = inspector.open(tmp_path / "c")
+    assert torch.equal(ck.read("w", dtype="bf16"), ck.read("w").to(torch.bfloat16))
+    inspector.export(ck, tmp_path / "out.safetensors", dtype="fp16")
+    from safetensors.torch import load_file
+
+    assert load_file(tmp_path / "out.safetensors")["w"].dtype == torch.float16

@@ -63,6 +63,8 @@ class Row:
     shape_b: tuple[int, ...] | None = None
     max_abs_diff: float | None = None
     max_rel_diff: float | None = None
+    rel_l2_diff: float | None = None
+    cosine: float | None = None
     n_diff: int | None = None
     hash_a: str | None = None
     hash_b: str | None = None
@@ -182,7 +184,7 @@ def compare_pair(
     if fingerprints:
         row.hash_a, row.hash_b = tensor_digest(a, key_a), tensor_digest(b, key_b)
         if row.hash_a == row.hash_b:
-            row.max_abs_diff, row.max_rel_diff, row.n_diff = 0.0, 0.0, 0
+            _equal_values(row)
             return row
     ta = a.read(key_a)
     tb = ta if a is b and key_a == key_b else b.read(key_b)  # a checkpoint against itself
@@ -217,15 +219,22 @@ def _compare_values(
         row.hash_a = tensor_hash(ta, repeated)
         row.hash_b = row.hash_a if tb is ta else tensor_hash(tb, repeated)
     if ta.dtype == tb.dtype and row.hash_a == row.hash_b and (tb is ta or _bits_equal(ta, tb)):
-        row.max_abs_diff, row.max_rel_diff, row.n_diff = 0.0, 0.0, 0
+        _equal_values(row)
         return row
-    row.max_abs_diff, row.max_rel_diff, row.n_diff = value_differences(ta, tb, atol, rtol)
-    row.n_diff *= broadcast.repeats(repeated) if repeated is not None else 1
+    found = value_differences(ta, tb, atol, rtol)
+    row.max_abs_diff, row.max_rel_diff = found.max_abs, found.max_rel
+    row.rel_l2_diff, row.cosine = found.rel_l2, found.cosine
+    row.n_diff = found.n_diff * (broadcast.repeats(repeated) if repeated is not None else 1)
     if row.n_diff:
         row.status, row.equal = "values", False
     elif ta.dtype != tb.dtype:
         row.status = "dtype"
     return row
+
+
+def _equal_values(row: Row) -> None:
+    row.max_abs_diff, row.max_rel_diff, row.rel_l2_diff, row.n_diff = 0.0, 0.0, 0.0, 0
+    row.cosine = 1.0
 
 
 def _compare_objects(row: Row, a: Checkpoint, b: Checkpoint, values: bool) -> Row:
@@ -321,16 +330,30 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in pairs)
 
 
+@dataclass(frozen=True)
+class Differences:
+    """How two tensors of one shape differ: the largest absolute and relative differences,
+    the elements outside the tolerance, and over the positions where both are finite,
+    ||a - b|| / ||b|| and the cosine of the angle between them (NaN where undefined)."""
+
+    max_abs: float
+    max_rel: float
+    n_diff: int
+    rel_l2: float
+    cosine: float
+
+
 def value_differences(
     a: torch.Tensor, b: torch.Tensor, atol: float = 0.0, rtol: float = 0.0
-) -> tuple[float, float, int]:
-    """(max |a-b|, max |a-b|/|b|, elements outside ``atol + rtol*|b|``), block by block.
+) -> Differences:
+    """The :class:`Differences` of ``a`` from ``b``, block by block.
 
     NaN equals NaN and same-signed infinities are equal; anything else against NaN/Inf
     counts as different with an infinite difference.
     """
     work = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
     max_abs, max_rel, n_diff = 0.0, 0.0, 0
+    sums = torch.zeros(4, dtype=torch.float64)  # a.b, a.a, b.b, (a-b).(a-b)
     pairs = zip(
         broadcast.flat_blocks(a, DIFF_BLOCK), broadcast.flat_blocks(b, DIFF_BLOCK), strict=True
     )
@@ -345,7 +368,21 @@ def value_differences(
         if delta.numel():
             max_abs = max(max_abs, float(delta.max()))
             max_rel = max(max_rel, float(rel.max()))
-    return max_abs, max_rel, n_diff
+        sums += _products(xa, xb)
+    ab, aa, bb, dd = (float(v) for v in sums)
+    rel_l2 = math.sqrt(dd / bb) if bb else (0.0 if dd == 0 else math.inf)
+    cosine = ab / math.sqrt(aa * bb) if aa and bb else (1.0 if dd == 0 and aa == bb else math.nan)
+    return Differences(max_abs, max_rel, n_diff, rel_l2, cosine)
+
+
+def _products(xa: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+    """a.b, a.a, b.b and (a-b).(a-b) in float64 over the positions where both are finite."""
+    x, y = xa.reshape(-1).to(torch.float64), xb.reshape(-1).to(torch.float64)
+    both = x.isfinite() & y.isfinite()
+    if not bool(both.all()):
+        x, y = x[both], y[both]
+    d = x - y
+    return torch.stack([torch.dot(x, y), torch.dot(x, x), torch.dot(y, y), torch.dot(d, d)])
 
 
 def summarize(table: pandas.DataFrame) -> dict[str, int]:

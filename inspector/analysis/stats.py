@@ -1,9 +1,10 @@
-"""Per-tensor statistics and histograms, computed chunk by chunk in bounded memory.
+"""Per-tensor statistics and histograms, from one read of the tensor in bounded memory.
 
-A tensor is visited one stored chunk at a time and each chunk in blocks of
-``BLOCK`` elements, so a huge bf16 or float8 tensor never needs a float copy of
-itself. min / max / mean / std / absmax / L2 norm are over the finite values; NaN
-and Inf are counted separately; std uses Bessel's correction, like ``torch.std``.
+A tensor is visited one stored chunk at a time and each chunk in blocks of ``BLOCK``
+elements, tallied as :mod:`inspector.analysis.tally` says (by bit pattern for values of one
+or two bytes, by float64 moments otherwise), so a huge bf16 or float8 tensor never needs a
+float copy of itself. min / max / mean / std / absmax / L2 norm are over the finite values;
+NaN and Inf are counted separately; std uses Bessel's correction, like ``torch.std``.
 A view that repeats its stored values (stride 0, ``expand``) is summarised from the values
 it stores, each counted as often as it is repeated: the same numbers, without expanding it.
 ``on_progress(done, total)`` hears of each block (elements) and a set ``cancel`` event
@@ -16,13 +17,22 @@ import math
 import os
 import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from inspector import dtypes
+from inspector.analysis.tally import (
+    BlockTally,
+    Moments,
+    Tally,
+    count_blocks,
+    span,
+    sum_of_squares,
+    tally_for,
+)
 from inspector.checkpoint import Checkpoint, as_checkpoint
 from inspector.errors import UnsupportedError
 from inspector.progress import Counter, ProgressFn
@@ -33,6 +43,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 BLOCK = 1 << 22
+DECADES = 2  # per-layer plots switch to a log scale past this many decades of values
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block|layer)\.(\d+)\.")
 
 
@@ -56,43 +67,6 @@ class TensorStats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass
-class _Moments:
-    """Running count / mean / M2 (Chan et al. parallel update) plus extrema and counts."""
-
-    n: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-    sumsq: float = 0.0
-    min: float = math.inf
-    max: float = -math.inf
-    zeros: int = 0
-    nan: int = 0
-    inf: int = 0
-
-    def add(self, block: torch.Tensor, weight: int = 1) -> None:
-        """Count every value of ``block`` ``weight`` times."""
-        values = block.to(torch.float64)
-        finite = torch.isfinite(values)
-        self.nan += weight * int(torch.isnan(values).sum())
-        self.inf += weight * int(torch.isinf(values).sum())
-        self.zeros += weight * int((values == 0).sum())
-        good = values[finite] if not bool(finite.all()) else values
-        n = weight * good.numel()
-        if n == 0:
-            return
-        mean = float(good.mean())
-        m2 = weight * float(((good - mean) ** 2).sum())
-        total = self.n + n
-        delta = mean - self.mean
-        self.m2 += m2 + delta * delta * self.n * n / total
-        self.mean += delta * n / total
-        self.n = total
-        self.sumsq += weight * float((good * good).sum())
-        self.min = min(self.min, float(good.min()))
-        self.max = max(self.max, float(good.max()))
 
 
 def _weighted_blocks(
@@ -128,7 +102,8 @@ def stats(
     return _stats(ck, key, Counter(entry.numel, on_progress, cancel))
 
 
-def _stats(ck: Checkpoint, key: str, counter: Counter) -> TensorStats:
+def _tally(ck: Checkpoint, key: str, counter: Counter, *, keep: bool) -> Tally:
+    """One read of the tensor's values into the tally its dtype calls for."""
     entry = ck.entry(key)
     if entry.kind == "tensor" and not supported(entry.dtype):
         raise UnsupportedError(
@@ -136,9 +111,16 @@ def _stats(ck: Checkpoint, key: str, counter: Counter) -> TensorStats:
             file=ck.location,
             key=key,
         )
-    acc = _Moments()
+    found: Tally | None = None
     for block, weight in _weighted_blocks(ck, key, counter):
-        acc.add(block, weight)
+        if found is None:
+            found = tally_for(block.dtype, keep=keep)
+        found.add(block, weight)
+    return found if found is not None else tally_for(torch.float64, keep=keep)
+
+
+def _numbers(ck: Checkpoint, key: str, acc: Moments) -> TensorStats:
+    entry = ck.entry(key)
     nan = math.nan
     has = acc.n > 0
     return TensorStats(
@@ -156,6 +138,10 @@ def _stats(ck: Checkpoint, key: str, counter: Counter) -> TensorStats:
         nan=acc.nan,
         inf=acc.inf,
     )
+
+
+def _stats(ck: Checkpoint, key: str, counter: Counter) -> TensorStats:
+    return _numbers(ck, key, _tally(ck, key, counter, keep=False).moments())
 
 
 def _matching(ck: Checkpoint, include: Iterable[str] | None) -> list[str]:
@@ -218,30 +204,60 @@ def histogram(
     on_progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
 ) -> Histogram:
-    """Histogram of a tensor's finite values, two streaming passes (range, then counts;
-    give ``range``, e.g. a TensorStats' min and max, to spare the first)."""
+    """Histogram of a tensor's finite values over ``range`` (by default their min to max),
+    in one read."""
     ck = as_checkpoint(ck)
+    if range is None:
+        return summarize(ck, key, bins, on_progress=on_progress, cancel=cancel)[1]
+    _check_bins(bins, key)
+    counter = Counter(ck.entry(key).numel, on_progress, cancel)
+    found = _tally(ck, key, counter, keep=True)
+    return _histogram_of(ck, key, found, span(*range), bins, on_progress, cancel)
+
+
+def summarize(
+    ck: Checkpoint | str | os.PathLike,
+    key: str,
+    bins: int = 64,
+    *,
+    on_stats: Callable[[TensorStats], None] | None = None,
+    on_progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+) -> tuple[TensorStats, Histogram]:
+    """Statistics and the histogram over their range from one read of the tensor;
+    ``on_stats`` hears the numbers as soon as they exist, before the histogram is counted."""
+    ck = as_checkpoint(ck)
+    _check_bins(bins, key)
+    counter = Counter(ck.entry(key).numel, on_progress, cancel)
+    found = _tally(ck, key, counter, keep=True)
+    numbers = _numbers(ck, key, found.moments())
+    if on_stats is not None:
+        on_stats(numbers)
+    low, high = span(numbers.min, numbers.max)
+    return numbers, _histogram_of(ck, key, found, (low, high), bins, on_progress, cancel)
+
+
+def _check_bins(bins: int, key: str) -> None:
     if bins < 1:
         raise UnsupportedError("bins must be >= 1", key=key)
-    numel = ck.entry(key).numel
-    counter = Counter(numel * (2 if range is None else 1), on_progress, cancel)
-    if range is None:
-        summary = _stats(ck, key, counter)
-        range = (summary.min, summary.max)
+
+
+def _histogram_of(
+    ck: Checkpoint,
+    key: str,
+    found: Tally,
+    range: tuple[float, float],
+    bins: int,
+    on_progress: ProgressFn | None,
+    cancel: threading.Event | None,
+) -> Histogram:
+    """The histogram from a tally, or from a second read when it could not keep its values."""
     low, high = range
-    if not (math.isfinite(low) and math.isfinite(high)):
-        low, high = 0.0, 0.0
-    if high <= low:
-        high = low + 1.0
-    counts = torch.zeros(bins, dtype=torch.int64)
-    nan = inf = 0
-    for block, weight in _weighted_blocks(ck, key, counter):
-        values = block.to(torch.float64)
-        nan += weight * int(torch.isnan(values).sum())
-        inf += weight * int(torch.isinf(values).sum())
-        values = values[torch.isfinite(values) & (values >= low) & (values <= high)]
-        index = ((values - low) / (high - low) * bins).long().clamp_(0, bins - 1)
-        counts += weight * torch.bincount(index, minlength=bins)
+    if isinstance(found, BlockTally) and not found.kept:
+        counter = Counter(ck.entry(key).numel, on_progress, cancel)
+        counts, nan, inf = count_blocks(_weighted_blocks(ck, key, counter), low, high, bins)
+    else:
+        counts, nan, inf = found.histogram(low, high, bins)
     edges = torch.linspace(low, high, bins + 1, dtype=torch.float64)
     return Histogram(key, counts, edges, nan, inf)
 
@@ -278,20 +294,28 @@ def layer_norms(
     progress: bool = True,
     on_progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
+    rows: list[dict[str, Any]] | None = None,
 ) -> pandas.DataFrame:
     """L2 norm per (layer index, parameter name within the layer), for per-layer plots:
-    of the tensors matching the ``include`` globs, or exactly ``keys``."""
-    import pandas
+    of the tensors matching the ``include`` globs, or exactly ``keys``, one read each.
+    ``rows``, when given, receives each row as it is found (so a cancel keeps them)."""
     from tqdm.auto import tqdm
 
     chosen = list(keys) if keys is not None else _matching(ck, include)
     layered = [(k, layer_index(k)) for k in chosen]
     layered = [(k, i) for k, i in layered if i is not None]
     counter = Counter(sum(ck.entry(k).numel for k, _ in layered), on_progress, cancel)
-    rows = []
+    found = rows if rows is not None else []
     for key, index in tqdm(layered, desc="norms", disable=not progress):
-        l2 = _stats(ck, key, counter).l2
-        rows.append({"layer": index, "name": layer_name(key), "key": key, "l2": l2})
+        l2 = math.sqrt(sum(w * sum_of_squares(b) for b, w in _weighted_blocks(ck, key, counter)))
+        found.append({"layer": index, "name": layer_name(key), "key": key, "l2": l2})
+    return norms_table(found)
+
+
+def norms_table(rows: list[dict[str, Any]]) -> pandas.DataFrame:
+    """The table :func:`layer_norms` returns, from its rows."""
+    import pandas
+
     return pandas.DataFrame(rows, columns=["layer", "name", "key", "l2"])
 
 
@@ -303,7 +327,8 @@ def plot_layer_norms(
 
 
 def plot_by_layer(table: pandas.DataFrame, value: str, label: str, *, ax: Any = None) -> Figure:
-    """One line per ``name`` of a table with ``layer``, ``name`` and ``value`` columns."""
+    """One line per ``name`` of a table with ``layer``, ``name`` and ``value`` columns; the
+    legend beside the axes (never over a line), a log scale when values span decades."""
     fig, ax = _axes(ax)
     for name, group in table.groupby("name", sort=True):
         group = group.sort_values("layer")
@@ -311,9 +336,22 @@ def plot_by_layer(table: pandas.DataFrame, value: str, label: str, *, ax: Any = 
     ax.set_xlabel("layer")
     ax.set_ylabel(label)
     ax.xaxis.get_major_locator().set_params(integer=True)  # layers are whole numbers
+    _scale(ax, table[value])
     if len(table):
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     return fig
+
+
+def _scale(ax: Any, values: pandas.Series) -> None:
+    """A log y axis when the positive values span more than ``DECADES`` decades (symmetric
+    log, linear below the smallest of them, when there are zeros too)."""
+    positive = values[values > 0]
+    if not len(positive) or positive.max() < 10**DECADES * positive.min():
+        return
+    if (values <= 0).any():
+        ax.set_yscale("symlog", linthresh=float(positive.min()))
+    else:
+        ax.set_yscale("log")
 
 
 def _axes(ax: Any) -> tuple[Any, Any]:

@@ -9,9 +9,12 @@ processes, FSDP2 ``fully_shard`` on a CPU mesh, so tensors are split into chunks
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pickle
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,18 @@ def _train_and_save(rank: int, world_size: int, out: str) -> None:
     _save(Path(out) / "fp8", model, optim, sched, rank, prefixed=False)
 
 
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """Only errors from ``logger_name`` while the block runs."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _trained(rank: int, world_size: int, *, fp8: bool) -> tuple[Any, Any, Any]:
     """FSDP2-sharded TinyLlama after TRAIN_STEPS AdamW steps; fp8 wraps Linear weights (torchao)."""
     import torch
@@ -62,7 +77,8 @@ def _trained(rank: int, world_size: int, *, fp8: bool) -> tuple[Any, Any, Any]:
 
     model = build_model()
     if fp8:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        with _quiet("torchao"):  # "Failed to load _C_mxfp8...": GPU kernels, not needed here
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         convert_to_float8_training(
             model,

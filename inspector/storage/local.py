@@ -49,7 +49,8 @@ class LocalStorage:
     """A local folder (see :class:`inspector.storage.base.Storage`)."""
 
     def __init__(self, root: str | os.PathLike, io_counter: IOCounter | None = None) -> None:
-        self.root = Path(root).expanduser().absolute()
+        # normalised as well as absolute: shown as '/x/demo/fp8', not 'notebooks/../demo/fp8'
+        self.root = Path(os.path.abspath(Path(root).expanduser()))
         self.location = str(self.root)
         self.io = io_counter or IOCounter()
         self._checked: dict[str, str] = {}

@@ -12,6 +12,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 
 import inspector
 from inspector.analysis import diff as compare
+from inspector.analysis import stats as stats_module
 
 
 def resave(source: Path, target: Path, edit=None) -> Path:
@@ -104,10 +105,12 @@ def test_explicit_key_map_and_filters(demo_dir: Path) -> None:
 def test_value_differences_nan_and_inf() -> None:
     a = torch.tensor([1.0, float("nan"), float("inf"), 2.0, 0.0])
     b = torch.tensor([1.0, float("nan"), float("inf"), 2.5, 0.0])
-    assert compare.value_differences(a, b) == (0.5, pytest.approx(0.2), 1)
+    found = compare.value_differences(a, b)
+    assert (found.max_abs, found.max_rel, found.n_diff) == (0.5, pytest.approx(0.2), 1)
+    assert found.rel_l2 == pytest.approx(0.5 / 7.25**0.5)  # over the finite positions only
     c = torch.tensor([1.0, 1.0, float("inf"), 2.0, 0.0])
-    max_abs, _, n = compare.value_differences(a, c)
-    assert max_abs == float("inf") and n == 1
+    found = compare.value_differences(a, c)
+    assert found.max_abs == float("inf") and found.n_diff == 1
 
 
 def test_legacy_prefixed_vs_flat_with_auto_key_map(demo_dir: Path) -> None:
@@ -168,3 +171,53 @@ def test_largest_difference_per_layer(demo_dir: Path, tmp_path: Path) -> None:
     assert len(lines) == 9 and lines["model.layers.*.feed_forward.w2.weight"][0] == 0.0
     assert lines["model.layers.*.feed_forward.w2.weight"][1] == pytest.approx(0.25, rel=1e-2)
     assert figure.axes[0].get_title() == "largest difference per layer"
+
+
+def test_relative_l2_and_cosine_of_each_pair(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    a = {"w": torch.randn(64, 32), "flipped": torch.randn(40), "same": torch.randn(8)}
+    b = {
+        "w": a["w"] + 0.01 * torch.randn(64, 32),
+        "flipped": -a["flipped"],
+        "same": a["same"].clone(),
+    }
+    a["w"][0, 0], b["w"][0, 0] = float("nan"), float("nan")  # left out of both measures
+    for name, state in (("a", a), ("b", b)):
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp_path / name), no_dist=True)
+    table = inspector.diff(tmp_path / "a", tmp_path / "b", key_map=None, progress=False)
+    rows = table.set_index("key")
+    x, y = a["w"].double().flatten()[1:], b["w"].double().flatten()[1:]
+    assert rows.loc["w", "rel_l2_diff"] == pytest.approx(float((x - y).norm() / y.norm()))
+    cosine = float(torch.dot(x, y) / (x.norm() * y.norm()))
+    assert rows.loc["w", "cosine"] == pytest.approx(cosine, rel=1e-12) and cosine < 1
+    assert rows.loc["flipped", "cosine"] == pytest.approx(-1.0)
+    assert rows.loc["flipped", "rel_l2_diff"] == pytest.approx(2.0)
+    assert (rows.loc["same", "rel_l2_diff"], rows.loc["same", "cosine"]) == (0.0, 1.0)
+
+
+def test_per_layer_plot_keeps_lines_clear_of_the_legend_and_goes_log_over_decades() -> None:
+    import pandas
+
+    rows = [
+        {"layer": i, "name": f"layers.*.{n}.weight", "key": f"layers.{i}.{n}.weight", "v": v}
+        for i in range(4)
+        for n, v in (("small", 1e-6 * (i + 1)), ("big", 10.0 * (i + 1)))
+    ]
+    figure = stats_module.plot_by_layer(pandas.DataFrame(rows), "v", "value")
+    axes = figure.axes[0]
+    assert axes.get_yscale() == "log"
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    legend = axes.get_legend().get_window_extent(renderer)
+    assert legend.x0 >= axes.get_window_extent(renderer).x1  # beside the axes, not over them
+    rows = [{**r, "v": 0.0 if r["layer"] == 0 else r["v"]} for r in rows]
+    assert stats_module.plot_by_layer(pandas.DataFrame(rows), "v", "v").axes[0].get_yscale() == (
+        "symlog"
+    )
+    narrow = [{**r, "v": 1.0 + r["layer"]} for r in rows]
+    assert stats_module.plot_by_layer(pandas.DataFrame(narrow), "v", "v").axes[0].get_yscale() == (
+        "linear"
+    )

@@ -36,3 +36,15 @@ def test_reads_are_the_bytes_on_disk(
 def test_a_read_past_the_end_names_the_file(tmp_path: Path, blob: bytes) -> None:
     with pytest.raises(InspectorError, match=r"blob\.bin"):
         LocalStorage(tmp_path).read("blob.bin", len(blob) - 10, 11)
+
+
+def test_a_relative_path_is_shown_absolute_and_normalised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "f.bin").write_bytes(b"abc")
+    monkeypatch.chdir(tmp_path / "notebooks")
+    storage = LocalStorage("../data")
+    assert storage.location == str(tmp_path / "data") and ".." not in storage.location
+    assert storage.read("f.bin", 0, 3) == b"abc"

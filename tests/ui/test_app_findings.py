@@ -15,7 +15,7 @@ from inspector.ui.widgets import Inspector
 from inspector.ui.widgets.app import TABS
 from tests.fixtures.servers import CountedServer
 from tests.storage.uploads import uploaded
-from tests.ui.test_widgets import text
+from tests.ui.test_widgets import errors_shown, text
 
 WQ = "layers.0.attention.wq.weight"
 
@@ -23,7 +23,7 @@ WQ = "layers.0.attention.wq.weight"
 def opened(path: Path | str, **kwargs: object) -> Inspector:
     app = Inspector(path, **kwargs)  # type: ignore[arg-type]
     app.header.wait()
-    assert app.errors.value == "", app.errors.value
+    assert errors_shown(app) == "", errors_shown(app)
     return app
 
 
@@ -144,7 +144,7 @@ def test_run_root_step_picker_opens_another_step(run_root: Path) -> None:
     ]
     picker.value = picker.options[0][1]
     app.header.wait()
-    assert app.errors.value == "" and app.ck.layout == "model-only"
+    assert errors_shown(app) == "" and app.ck.layout == "model-only"
     assert app.ck.location == str(run_root / "step-9")
     assert [label for label, _ in app.header.steps.options] == [
         "step 9 (step-9) - open",

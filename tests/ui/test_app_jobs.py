@@ -20,7 +20,7 @@ from inspector.ui.widgets.jobs import JobBar
 from tests.fixtures.servers import CountedServer
 from tests.storage.uploads import uploaded
 from tests.ui.test_app_findings import leaves, opened
-from tests.ui.test_widgets import text
+from tests.ui.test_widgets import errors_shown, text
 
 WQ = "layers.0.attention.wq.weight"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -32,7 +32,7 @@ def test_compare_with_the_prefixed_demo_is_the_same(demo_dir: Path) -> None:
     compare.other.value = str(demo_dir / "prefixed")
     compare.compare_button.click()
     compare.wait()
-    assert app.errors.value == "" and compare.job.status.value == "done"
+    assert errors_shown(app) == "" and compare.job.status.value == "done"
     found = compare.comparison
     assert found is not None and found.same and found.fingerprints_equal
     model_keys = {e.key for e in app.ck.entries() if e.component == "model"}
@@ -59,7 +59,10 @@ def test_compare_shows_differences_and_refuses_nothing(demo_dir: Path) -> None:
     assert text(compare.result).startswith("different ")
     compare.other.value = " "
     compare.compare_button.click()
-    assert "The comparison failed. ValueError: nothing to compare with" in text(app.errors)
+    assert "The comparison failed. ValueError: nothing to compare with" in text(
+        app.tab_errors["Compare"]
+    )
+    assert app.errors.value == ""  # shown in its own panel
 
 
 def test_audit_tab_names_the_flipped_key(flipped: Path) -> None:
@@ -68,7 +71,7 @@ def test_audit_tab_names_the_flipped_key(flipped: Path) -> None:
     app.tabs.selected_index = TABS.index("Audit")
     app.audit.audit_button.click()
     app.audit.wait()
-    assert app.errors.value == "" and app.audit.job.status.value == "done"
+    assert errors_shown(app) == "" and app.audit.job.status.value == "done"
     report = app.audit.report
     assert report is not None and [p.key for p in report.problems] == [WQ]
     shown = text(app.audit.result)
@@ -116,7 +119,38 @@ def test_stats_cancel_stops_between_passes(demo_dir: Path) -> None:
     tensor.wait()
     assert tensor.job.status.value == "cancelled" and tensor.job.progress.bar_style == "warning"
     assert tensor.numbers is None and tensor.histogram.layout.display == "none"
-    assert app.errors.value == ""
+    assert errors_shown(app) == ""
+
+
+def test_stats_show_numbers_before_the_histogram_and_norms(demo_dir: Path) -> None:
+    app = opened(demo_dir / "fp8")
+    tensor = app.tensor
+    app.tree.select(WQ)
+    order: list[str] = []
+    tensor.stats.observe(
+        lambda c: order.append("numbers") if "statistics" in c["new"] else None, "value"
+    )
+    tensor.histogram.observe(lambda _: order.append("histogram"), "value")
+    tensor.norms.observe(lambda _: order.append("norms"), "value")
+    tensor.stats_button.click()
+    tensor.wait()
+    assert order == ["numbers", "histogram", "norms"]
+    assert tensor.numbers is not None and not tensor.numbers.partial
+
+
+def test_stats_cancel_keeps_what_is_done(demo_dir: Path) -> None:
+    app = opened(demo_dir / "fp8")
+    tensor = app.tensor
+    app.tree.select(WQ)
+    tensor.histogram.observe(lambda _: tensor.job.cancel_button.click(), "value")
+    tensor.stats_button.click()
+    tensor.wait()
+    assert tensor.job.status.value == "cancelled"
+    numbers = tensor.numbers
+    assert numbers is not None and numbers.stats == app.ck.stats(WQ) and numbers.partial
+    assert numbers.histogram is not None and tensor.histogram.layout.display == ""
+    assert "statistics" in tensor.stats.value and tensor.norms.layout.display == "none"
+    assert errors_shown(app) == ""
 
 
 def test_job_bar_cancel_button_and_failure() -> None:
@@ -187,7 +221,7 @@ def test_export_to_a_remote_target(s3_server: CountedServer, demo_dir: Path) -> 
     app.export.overwrite.value = True
     app.export.export_button.click()
     app.export.wait()
-    assert app.errors.value == "", app.errors.value
+    assert errors_shown(app) == "", errors_shown(app)
     assert "verified 21 tensors bit-exact" in text(app.export.outcome)
     exported = inspector.open(target, s3_server.storage_options)
     assert exported.format == "safetensors" and len(exported.keys()) == 21
@@ -201,5 +235,5 @@ def test_compare_with_a_url(s3_server: CountedServer, demo_dir: Path) -> None:
     app.compare.compare_button.click()
     app.compare.wait()
     found = app.compare.comparison
-    assert app.errors.value == "" and found is not None and found.b == url
+    assert errors_shown(app) == "" and found is not None and found.b == url
     assert found.same and found.fingerprints_equal and len(found.table) == 21

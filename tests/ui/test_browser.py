@@ -295,3 +295,62 @@ def test_audit_tab_names_the_damaged_key(page, lab: Lab, flipped: Path, tmp_path
         until(lambda: "keys with errors" in result.inner_text(), "the audit's findings")
         assert f"keys with errors: {FP8_WEIGHT}" in result.inner_text()
         assert "1 problem (1 error)" in result.inner_text()
+
+
+CONTRAST = """el => {
+  const rgba = c => {
+    const v = c.match(/[\\d.]+/g).map(Number);
+    return v.length > 3 ? v : [...v, 1];
+  };
+  let node = el, bg = [255, 255, 255, 1];
+  while (node) {
+    const c = rgba(getComputedStyle(node).backgroundColor);
+    if (c[3] > 0) { bg = c; break; }
+    node = node.parentElement;
+  }
+  const fg = rgba(getComputedStyle(el).color);
+  const mix = fg.slice(0, 3).map((v, i) => v * fg[3] + bg[i] * (1 - fg[3]));
+  const lum = c => c.map(v => v / 255)
+    .map(v => v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4)
+    .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const [a, b] = [lum(mix), lum(bg.slice(0, 3))].sort((x, y) => y - x);
+  return (a + 0.05) / (b + 0.05);
+}"""
+# Text that must read in every theme, and the least contrast it may have (WCAG AA: 4.5 for
+# text, 3 for the small print of notes).
+READABLE = {
+    ".inspector-where": 4.5,
+    ".inspector-totals div": 4.5,
+    ".inspector-findings b": 4.5,
+    ".inspector-tree select": 4.5,
+    ".inspector-entries .inspector-table th": 4.5,
+    ".inspector-entries .inspector-table td": 4.5,
+    ".inspector-note": 3.0,
+}
+
+
+def theme(page, name: str) -> None:
+    page.locator(".lm-MenuBar-itemLabel", has_text="Settings").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Theme").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text=name).first.click()
+    light = "true" if "Light" in name else "false"
+    until(lambda: page.evaluate("document.body.dataset.jpThemeLight") == light, f"{name} theme")
+
+
+def test_dark_theme_keeps_the_app_readable(
+    page, lab: Lab, demo_dir: Path, shots: Path, tmp_path: Path
+) -> None:
+    with screenshot(page, tmp_path / "dark.png", lab):
+        contrasts = {}
+        for name in ("JupyterLab Dark", "JupyterLab Light"):
+            theme(page, name)  # the app's views are drawn again: open it after
+            open_in_app(page, demo_dir / "fp8")
+            if name.endswith("Dark"):
+                page.locator(".inspector-app").evaluate("app => app.scrollIntoView()")
+                page.screenshot(path=shots / "inspector-dark.png")
+            for selector, least in READABLE.items():
+                ratio = page.locator(selector).first.evaluate(CONTRAST)
+                contrasts[name, selector] = ratio
+                assert ratio >= least, f"{selector} in {name}: contrast {ratio:.2f} < {least}"
+        dark_th = contrasts["JupyterLab Dark", ".inspector-entries .inspector-table th"]
+        assert dark_th >= 4.5  # the table headers were white on light grey before

@@ -22,6 +22,12 @@ from inspector.ui.widgets.app import TABS
 WQ = "layers.0.attention.wq.weight"
 
 
+def errors_shown(app: Inspector) -> str:
+    """Every error box of the app: above the panels and in each tab."""
+    boxes = [app.errors, *getattr(app, "tab_errors", {}).values()]
+    return "".join(box.value for box in boxes)
+
+
 def text(widget: w.Widget) -> str:
     """A widget's HTML (a box's: its shown HTML and labels) as plain text: tags dropped,
     entities decoded, spaces collapsed."""
@@ -47,6 +53,20 @@ def fp8_app(demo_dir: Path) -> Inspector:
     return app
 
 
+def test_header_counts_one_of_a_kind_in_the_singular(tmp_path: Path) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(tmp_path), no_dist=True)
+    app = Inspector(tmp_path)
+    app.header.wait()
+    header = text(app.header)
+    assert "· 1 key ·" in header and "· 2 files ·" in header and "· 1 rank" in header
+    assert "3 parameters" in header and "1 keys" not in header and "1 ranks" not in header
+    app.tree.select("w")
+    assert "1 key," not in text(app.tensor.details)
+
+
 def test_lazy_export_and_header(demo_dir: Path, fp8_app: Inspector) -> None:
     assert inspector.Inspector is Inspector
     header = text(fp8_app.header)
@@ -55,7 +75,7 @@ def test_lazy_export_and_header(demo_dir: Path, fp8_app: Inspector) -> None:
     assert "347 keys" in header and "3 files" in header and "2 ranks" in header
     assert "115,008 parameters" in header
     assert re.search(r"optimizer\s+315\s+230,037\s+1\.2 MB", header)
-    assert fp8_app.errors.value == "" and fp8_app.ck.path == demo_dir / "fp8"
+    assert errors_shown(fp8_app) == "" and fp8_app.ck.path == demo_dir / "fp8"
     again = Inspector(fp8_app.ck)
     assert again.ck is fp8_app.ck and text(again.header.totals) == text(fp8_app.header.totals)
 
@@ -68,9 +88,15 @@ def test_bad_path_is_explained_and_can_be_fixed(demo_dir: Path, tmp_path: Path) 
     assert repr(app) == f"<Inspector: {tmp_path / 'nothing-here'} not open>"
     app.path.value = str(demo_dir / "seed")
     app.open_button.click()
-    assert app.errors.value == "" and app.ck.layout == "model-only"
+    assert errors_shown(app) == "" and app.ck.layout == "model-only"
     assert repr(app) == f"<Inspector {app.ck!r}>"
     assert "model-only" in text(app.header)
+    opened = app.ck
+    app.path.value = str(tmp_path / "still-nothing")
+    app.open_button.click()  # a failed Open keeps the checkpoint shown, the error above it
+    assert str(tmp_path / "still-nothing") in text(app.errors) and app.ck is opened
+    assert "model-only" in text(app.header) and app.body.children == (app.header, app.tabs)
+    assert app.opening.value == ""
 
 
 def test_reopening_and_closing_free_the_checkpoint(demo_dir: Path) -> None:
@@ -121,10 +147,10 @@ def test_filter_modes_and_bad_regex(fp8_app: Inspector) -> None:
     ]
     tree.mode.value = "regex"
     tree.filter.value = "layers.(0"
-    assert "Filtering failed." in text(fp8_app.errors)
-    assert "not a valid regular expression 'layers.(0'" in text(fp8_app.errors)
+    assert "Filtering failed." in text(fp8_app.tab_errors["Keys"])
+    assert "not a valid regular expression 'layers.(0'" in text(fp8_app.tab_errors["Keys"])
     tree.filter.value = r"^layers\.1\..*w3"
-    assert fp8_app.errors.value == "" and "1 of 347 keys match" in text(tree.status)
+    assert errors_shown(fp8_app) == "" and "1 of 347 keys match" in text(tree.status)
 
 
 def test_collapse_and_paged_children(fp8_app: Inspector) -> None:
@@ -198,7 +224,7 @@ def test_doctor_diagnoses_and_fix_exports(demo_dir: Path, tmp_path: Path) -> Non
     doctor.against.value = "inspector.demo.model:build_model"
     doctor.check_button.click()
     result = text(doctor.result)
-    assert app.errors.value == "" and result.startswith("mismatch Compared the 21 model entries")
+    assert errors_shown(app) == "" and result.startswith("mismatch Compared the 21 model entries")
     assert (
         "missing from the checkpoint (21)" in result
         and "unexpected in the checkpoint (21)" in result
@@ -229,10 +255,11 @@ def test_doctor_against_a_checkpoint_and_errors(demo_dir: Path, fp8_app: Inspect
     assert text(doctor.result).split()[0] == "match" and doctor.apply_button.disabled
     doctor.against.value = ""
     doctor.check_button.click()
-    assert "The FQN check failed. nothing to compare with" in text(fp8_app.errors)
+    assert "The FQN check failed. nothing to compare with" in text(fp8_app.tab_errors["FQN check"])
     doctor.against.value = str(demo_dir / "missing")
     doctor.check_button.click()
-    assert str(demo_dir / "missing") in text(fp8_app.errors) and doctor.result.value == ""
+    assert str(demo_dir / "missing") in text(fp8_app.tab_errors["FQN check"])
+    assert doctor.result.value == "" and fp8_app.errors.value == ""
 
 
 def test_export_runs_in_a_thread_with_progress(fp8_app: Inspector, tmp_path: Path) -> None:
@@ -261,14 +288,15 @@ def test_export_runs_in_a_thread_with_progress(fp8_app: Inspector, tmp_path: Pat
     export.wait()
     assert export.progress.bar_style == "danger" and export.status.value == "failed"
     assert "The export failed." in text(export.outcome) and "overwrite" in text(export.outcome)
-    assert "The export failed." in text(fp8_app.errors) and not export.export_button.disabled
+    assert "The export failed." in text(fp8_app.tab_errors["Export"])
+    assert not export.export_button.disabled and fp8_app.errors.value == ""
 
 
 def test_export_pt_and_bad_settings(fp8_app: Inspector, tmp_path: Path) -> None:
     export = fp8_app.export
     export.max_shard_size.value = "lots"
     export.export_button.click()
-    assert "Starting the export failed. max shard size" in text(fp8_app.errors)
+    assert "Starting the export failed. max shard size" in text(fp8_app.tab_errors["Export"])
     assert export.thread is None
     export.max_shard_size.value = "5GB"
     export.format.value = "pt"

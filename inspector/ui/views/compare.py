@@ -15,6 +15,8 @@ SHOWN_COLUMNS = {
     "dtype_b": "dtype in other",
     "max_abs_diff": "max abs diff",
     "max_rel_diff": "max rel diff",
+    "rel_l2_diff": "rel L2 diff",
+    "cosine": "cosine",
 }
 
 
@@ -25,10 +27,14 @@ def comparison_rows(found: Comparison, limit: int | None = None) -> list[tuple[o
     ranked = table.assign(rank=table["status"].map(order)).sort_values("rank", kind="stable")
     picked = ranked[list(SHOWN_COLUMNS)]
     picked = picked.head(limit) if limit else picked
-    return [tuple(_shown(v) for v in row) for row in picked.itertuples(index=False)]
+    return [
+        tuple(_shown(v, c) for v, c in zip(row, SHOWN_COLUMNS, strict=True))
+        for row in picked.itertuples(index=False)
+    ]
 
 
-def _shown(value: object) -> object:
+def _shown(value: object, column: str) -> object:
     if isinstance(value, float):
-        return "" if value != value else f"{value:.3g}"  # NaN: not compared
+        # NaN: not compared; a cosine near 1 needs its digits ("1" would hide 0.9996)
+        return "" if value != value else f"{value:{'.6f' if column == 'cosine' else '.3g'}}"
     return "" if value is None else value

@@ -252,8 +252,11 @@ def saved_step(ck: Checkpoint) -> int | None:
 
 
 def location_text(ck: Checkpoint) -> str:
-    """Where it is and what was read from there so far (bytes, requests)."""
+    """Where it is and what was read from there so far: bytes, and for remote storage the
+    requests they took (a local file's reads are not requests anyone pays for)."""
     io = ck.io
+    if ck.is_local:
+        return f"{ck.location} · read from disk so far: {human_bytes(io.bytes)}"
     return f"{ck.location} · read so far: {human_bytes(io.bytes)} in {io.requests:,} requests"
 
 

@@ -44,7 +44,8 @@ class Inspector(w.VBox):
     The path box takes local paths and s3://, gs://, hf://, http(s):// URLs, opened with
     ``storage_options`` (fsspec's: endpoint_url, key, secret, token, anon, ...). The panels
     (``header``, ``tree``, ``tensor``, ``compare``, ``audit``, ``doctor``, ``export``) exist
-    once a checkpoint is open; ``ck`` is the opened :class:`~inspector.checkpoint.Checkpoint`.
+    once a checkpoint is open, each tab with its own error box (``tab_errors``); ``ck`` is
+    the opened :class:`~inspector.checkpoint.Checkpoint`.
     The header's findings arrive from a worker thread moments after the first view
     (``app.header.wait()`` blocks until they are in).
     """
@@ -70,9 +71,16 @@ class Inspector(w.VBox):
         )
         self.path.add_class("inspector-path")
         self.open_button.add_class("inspector-open")
+        self.opening = w.HTML()
         self.body = w.VBox()
         super().__init__(
-            [w.HTML(STYLE), w.HBox([self.path, self.open_button]), self.errors, self.body]
+            [
+                w.HTML(STYLE),
+                w.HBox([self.path, self.open_button]),
+                self.opening,
+                self.errors,
+                self.body,
+            ]
         )
         self.add_class("inspector-app")
         if is_ck:
@@ -84,25 +92,25 @@ class Inspector(w.VBox):
         return f"<Inspector {self.ck!r}>" if self.ck else f"<Inspector: {self.path.value} not open>"
 
     def load(self) -> None:
-        """Open the checkpoint at the path box's value and show it."""
-        self.run_steps = ()
-        self._open(self.path.value.strip())
+        """Open the checkpoint at the path box's value and show it (when it cannot be opened,
+        the checkpoint shown stays, under the error)."""
+        self._open(self.path.value.strip(), ())
 
     def open_step(self, step: Step) -> None:
         """Open another saved step of the run the path box names (the step picker)."""
         steps = self.run_steps or (self.ck.steps if self.ck is not None else ())
-        self.run_steps = tuple(
-            Step(s.name, s.number, s.location, s.location == step.location) for s in steps
+        self._open(
+            step.location,
+            tuple(Step(s.name, s.number, s.location, s.location == step.location) for s in steps),
         )
-        self._open(step.location)
 
-    def _open(self, location: str) -> None:
-        self._replace_body([w.HTML(note(f"opening {location} ..."))])
+    def _open(self, location: str, run_steps: tuple[Step, ...]) -> None:
+        self.opening.value = note(f"opening {location} ...")
         try:
             ck = inspector.open(location, self.storage_options)
-        except Exception:
-            self._replace_body([])
-            raise
+        finally:
+            self.opening.value = ""
+        self.run_steps = run_steps
         self._show(ck)
 
     def close(self) -> None:
@@ -127,15 +135,19 @@ class Inspector(w.VBox):
             found=self._found,
         )
         self.header = Header(ck, self.errors, actions, steps=self.run_steps or ck.steps)
-        self.tensor = TensorPanel(ck, self.errors)
-        self.tree = TreePanel(ck, self.errors, self.tensor, self._selected)
-        self.compare = ComparePanel(ck, self.errors, self.storage_options)
-        self.audit = AuditPanel(ck, self.errors, self._audited)
+        self.tab_errors = boxes = {tab: ErrorBox() for tab in TABS}  # failures shown in place
+        self.tensor = TensorPanel(ck, boxes["Keys"])
+        self.tree = TreePanel(ck, boxes["Keys"], self.tensor, self._selected)
+        self.compare = ComparePanel(ck, boxes["Compare"], self.storage_options)
+        self.audit = AuditPanel(ck, boxes["Audit"], self._audited)
         tensor_bytes = self.header.summary.tensors.nbytes
-        self.export = ExportPanel(ck, self.errors, tensor_bytes, self.storage_options)
-        self.doctor = DoctorPanel(ck, self.errors, self._apply_rewrite)
+        self.export = ExportPanel(ck, boxes["Export"], tensor_bytes, self.storage_options)
+        self.doctor = DoctorPanel(ck, boxes["FQN check"], self._apply_rewrite)
         panels = [self.tree, self.compare, self.audit, self.doctor, self.export]
-        self.tabs = w.Tab(children=panels, titles=TABS)
+        self.tabs = w.Tab(
+            children=[w.VBox([boxes[t], p]) for t, p in zip(TABS, panels, strict=True)],
+            titles=TABS,
+        )
         self.tabs.add_class("inspector-tabs")
         for finished in (
             self.tensor.job.finished,

@@ -21,10 +21,10 @@ def describe(exc: BaseException) -> str:
 
 
 def error_html(what: str, exc: BaseException) -> str:
-    """``<what> failed.`` and the error in plain words, in a red box."""
+    """``<what> failed.`` and the error in plain words, in a box marked in the theme's
+    error colour (the app's style sheet: :data:`inspector.ui.widgets.markup.STYLE`)."""
     return (
-        '<div style="border:1px solid #c62828;background:#fdecea;color:#8e0000;'
-        'padding:6px 10px;border-radius:4px">'
+        '<div class="inspector-failure">'
         f"<b>{html.escape(what)} failed.</b> {html.escape(describe(exc))}</div>"
     )
 

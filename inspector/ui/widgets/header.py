@@ -14,7 +14,7 @@ from inspector.formats.base import Step
 from inspector.keys.tree import Totals
 from inspector.ui.views.findings import Finding, Findings, at_once, find, location_text
 from inspector.ui.views.summary import Summary, summarize
-from inspector.ui.views.text import human_bytes
+from inspector.ui.views.text import counted, human_bytes
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.jobs import JobBar
 from inspector.ui.widgets.markup import badge, esc, pre, totals_table
@@ -62,6 +62,7 @@ class Header(w.VBox):
         self.summary = summarize(ck)  # also the Export panel's, so counted once
         self.where = w.HTML()
         self.totals = w.HTML(_totals(ck, self.summary))
+        self.totals.add_class("inspector-totals")
         self.found = w.HTML()
         self.found.add_class("inspector-findings")
         self.fp8_button = w.Button(
@@ -162,12 +163,12 @@ def _step_label(step: Step) -> str:
 def _totals(ck: Checkpoint, s: Summary) -> str:
     """Format, keys, parameters and bytes, files and ranks; the totals per dtype and component."""
     model = s.by_component.get("model", Totals())
-    ranks = f"{s.ranks} ranks" if s.ranks else "ranks not recorded"
+    ranks = counted(s.ranks, "rank") if s.ranks else "ranks not recorded"
     line = (
-        f"<b>{esc(ck.format)}</b> &middot; {s.keys:,} keys &middot; model: {model.numel:,} "
-        f"parameters ({human_bytes(model.nbytes)}) &middot; all tensors: "
-        f"{s.tensors.count:,}, {human_bytes(s.tensors.nbytes)} &middot; {s.files} files "
-        f"&middot; {ranks}"
+        f"<b>{esc(ck.format)}</b> &middot; {counted(s.keys, 'key')} &middot; model: "
+        f"{counted(model.numel, 'parameter')} ({human_bytes(model.nbytes)}) &middot; all "
+        f"tensors: {s.tensors.count:,}, {human_bytes(s.tensors.nbytes)} &middot; "
+        f"{counted(s.files, 'file')} &middot; {ranks}"
     )
     return (
         f"<div>{line}</div>"

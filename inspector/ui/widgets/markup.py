@@ -9,17 +9,33 @@ from typing import Any
 from inspector.keys.tree import Totals
 from inspector.ui.views.text import human_bytes
 
+# Every colour is one of JupyterLab's theme variables (light fallbacks outside JupyterLab),
+# so the light, dark and high-contrast themes all read well.
 STYLE = """<style>
-.inspector-tree select { font-family: var(--jp-code-font-family, monospace); font-size: 12px; }
-.inspector-table { border-collapse: collapse; font-size: 12px; margin: 4px 0; line-height: 1.5; }
-.inspector-table th { text-align: left; background: #f3f3f3; }
-.inspector-table th, .inspector-table td { padding: 2px 8px; border-bottom: 1px solid #e0e0e0;
+.inspector-app { color: var(--jp-ui-font-color1, rgba(0,0,0,.87)); }
+.inspector-tree select { font-family: var(--jp-code-font-family, monospace); font-size: 12px;
+  color: var(--jp-ui-font-color1, rgba(0,0,0,.87)); background: var(--jp-layout-color1, white); }
+.inspector-table { border-collapse: collapse; font-size: 12px; margin: 4px 0; line-height: 1.5;
+  color: var(--jp-ui-font-color1, rgba(0,0,0,.87)); }
+.inspector-table th { text-align: left; background: var(--jp-layout-color2, #eee);
+  color: var(--jp-ui-font-color1, rgba(0,0,0,.87)); }
+.inspector-table th, .inspector-table td { padding: 2px 8px;
+  border-bottom: 1px solid var(--jp-border-color2, #e0e0e0);
   font-family: var(--jp-code-font-family, monospace); white-space: nowrap; }
-.inspector-badge { display: inline-block; padding: 1px 8px; border-radius: 10px; color: white;
-  font-weight: bold; font-size: 12px; }
-.inspector-note { color: #555; font-size: 12px; }
+.inspector-badge { display: inline-block; padding: 1px 8px; border-radius: 10px;
+  color: var(--jp-layout-color0, white); font-weight: bold; font-size: 12px; }
+.inspector-note { color: var(--jp-ui-font-color2, rgba(0,0,0,.54)); font-size: 12px; }
+.inspector-failure { border-left: 4px solid var(--jp-error-color1, #d32f2f);
+  background: var(--jp-layout-color2, #eee); color: var(--jp-ui-font-color1, rgba(0,0,0,.87));
+  padding: 6px 10px; border-radius: 4px; }
+.inspector-failure b { color: var(--jp-error-color1, #d32f2f); }
 </style>"""
-COLORS = {"ok": "#2e7d32", "warn": "#ef6c00", "bad": "#c62828", "info": "#1565c0"}
+COLORS = {
+    "ok": "var(--jp-success-color0, #1b5e20)",
+    "warn": "var(--jp-warn-color0, #e65100)",
+    "bad": "var(--jp-error-color0, #b71c1c)",
+    "info": "var(--jp-brand-color0, #0d47a1)",
+}
 
 
 def esc(value: Any) -> str:

@@ -9,7 +9,7 @@ from inspector.checkpoint import Checkpoint
 from inspector.entry import Entry
 from inspector.keys.tree import KeyNode
 from inspector.ui.views.numbers import TensorNumbers, tensor_numbers
-from inspector.ui.views.text import human_bytes, shape_text, value_text
+from inspector.ui.views.text import counted, human_bytes, shape_text, value_text
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.jobs import JobBar
 from inspector.ui.widgets.markup import facts, heading, limited, note, pre, table, totals_table
@@ -31,6 +31,7 @@ class TensorPanel(w.VBox):
         self.histogram = w.Image(format="png", layout=w.Layout(display="none", width="432px"))
         self.norms = w.Image(format="png", layout=w.Layout(display="none", width="432px"))
         self.numbers: TensorNumbers | None = None
+        self.stats_token: object | None = None
         self.job = JobBar(errors, "Stats")
         self.details.add_class("inspector-tensor")
         self.stats.add_class("inspector-stats")
@@ -44,6 +45,7 @@ class TensorPanel(w.VBox):
     def show(self, node: KeyNode) -> None:
         """An entry's details when the node holds one, else the subtree's totals."""
         self.job.cancel()
+        self.stats_token = None
         self.job.layout.display = "none"
         self.stats.value = ""
         self.numbers = None
@@ -104,27 +106,37 @@ class TensorPanel(w.VBox):
         return "".join(parts)
 
     def show_stats(self) -> None:
-        """Read this one tensor block by block in a worker thread: summary numbers, a
-        histogram, and the norm of the same parameter in every layer."""
+        """Read this one tensor in a worker thread: its numbers as soon as they exist, then
+        its histogram, then the norm of the same parameter in every layer."""
         if self.entry is None:
             return
         key = self.entry.key
         self.stats.value = note(f"reading {key} ...")
+        token = self.stats_token = object()
         self.job.run(
-            lambda report, cancel: tensor_numbers(self.ck, key, report, cancel), self._shown
+            lambda report, cancel: tensor_numbers(
+                self.ck, key, report, cancel, on_part=lambda part: self._part(token, part)
+            ),
+            lambda numbers: self._part(token, numbers),
         )
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until Stats has finished (for scripts and tests)."""
         self.job.wait(timeout)
 
-    def _shown(self, numbers: TensorNumbers) -> None:
+    def _part(self, token: object, numbers: TensorNumbers) -> None:
+        """Show what a Stats job has so far, unless a newer job or key replaced it."""
+        if token is not self.stats_token:
+            return
+        shown = self.numbers
         self.numbers = numbers
-        self.stats.value = heading("statistics") + table(("", "value"), numbers.rows())
-        self.histogram.value = numbers.histogram_png()
-        self.histogram.layout.display = ""
-        norms = numbers.norms_png()
-        if norms is not None:
+        if shown is None or shown.stats is not numbers.stats:
+            self.stats.value = heading("statistics") + table(("", "value"), numbers.rows())
+        if numbers.histogram is not None and (shown is None or shown.histogram is None):
+            self.histogram.value = numbers.histogram_png() or b""
+            self.histogram.layout.display = ""
+        norms = numbers.norms_png() if numbers.norms is not None else None
+        if norms is not None and (shown is None or shown.norms is not numbers.norms):
             self.norms.value = norms
             self.norms.layout.display = ""
 
@@ -146,7 +158,7 @@ def _subtree(node: KeyNode) -> str:
         return note("Select a key in the tree for its chunks, subclass and statistics.")
     return (
         heading(node.prefix)
-        + f"<div>{node.count:,} keys, {human_bytes(node.nbytes)}</div>"
+        + f"<div>{counted(node.count, 'key')}, {human_bytes(node.nbytes)}</div>"
         + totals_table("dtype", node.by_dtype)
         + note(f"Select a key below {node.prefix} for its chunks, subclass and statistics.")
     )

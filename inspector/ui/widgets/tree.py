@@ -16,7 +16,7 @@ from inspector.keys.spellings import VIEWS, view_key
 from inspector.keys.tree import KeyNode, build_tree
 from inspector.ui.views.flags import BADGES, SHOWS, KeyFlags
 from inspector.ui.views.outline import CHILDREN_PAGE, Outline, Row, entry_page
-from inspector.ui.views.text import human_bytes, shape_text
+from inspector.ui.views.text import counted, human_bytes, shape_text
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.markup import heading, note, table
 
@@ -154,10 +154,10 @@ class TreePanel(w.VBox):
         self.selected = ""
         if pattern or SHOWS[show]:
             self.outline.expand_all(EXPAND_MATCHES)
-            self.status.value = note(f"{root.count:,} of {len(self.ck):,} keys match")
+            self.status.value = note(f"{root.count:,} of {counted(len(self.ck), 'key')} match")
         else:
             self.status.value = note(
-                f"{root.count:,} keys, {view} spelling; select a row to open it"
+                f"{counted(root.count, 'key')}, {view} spelling; select a row to open it"
             )
         spelled = view_key(keep, view) if keep is not None else ""
         if spelled and _holds(root, spelled):

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import torch
 
     from inspector.checkpoint import Checkpoint
+    from inspector.formats.base import LogicalWeight
 
 FP8_MODE_HELP = {
     "dequantize": "FP8 payloads to the dtype (bfloat16 if as stored)",
@@ -89,9 +90,19 @@ def plan_fp8(
     wanted = set(keys)
     pairs = ck.scale_pairs.by_weight if mode == "dequantize" else {}
     consumed = {p.scale: p.weight for p in pairs.values() if p.weight in wanted}
+    grouped = _grouped(ck, wanted) if mode == "dequantize" else {}
     outputs: list[Output] = []
     skipped: dict[str, str] = {}
     for key in keys:
+        if key in grouped:
+            weight = grouped[key]
+            if weight.key in skipped or any(o.name == weight.key for o in outputs):
+                skipped[key] = f"part of {weight.key}, dequantized into it"
+                continue
+            outputs.append(_logical_output(ck, weight, dtype))
+            if key != weight.key:
+                skipped[key] = f"part of {weight.key}, dequantized into it"
+            continue
         entry = ck.entry(key)
         if entry.kind != "tensor":
             skipped[key] = "not a tensor"
@@ -102,6 +113,23 @@ def plan_fp8(
     return outputs, skipped
 
 
+def _grouped(ck: Checkpoint, wanted: set[str]) -> dict[str, LogicalWeight]:
+    """Each selected stored part of a logical weight (``ck.logical``), mapped to it."""
+    return {
+        part: weight
+        for weight in ck.logical.values()
+        for part in weight.parts.values()
+        if part in wanted
+    }
+
+
+def _logical_output(ck: Checkpoint, weight: LogicalWeight, dtype: str) -> Output:
+    text = f"{weight.scheme.label} -> {dtype}"
+    reader = functools.partial(ck.read, weight.key, dtype)
+    sources = tuple(weight.parts.values())
+    return Output(weight.key, sources, text, reader, dtype, weight.shape)
+
+
 def _outputs(
     ck: Checkpoint,
     entry: Entry,
@@ -110,7 +138,7 @@ def _outputs(
     dtype: str,
     pairs: dict[str, ScalePair],
 ) -> list[Output]:
-    key, read = entry.key, functools.partial(ck.read, entry.key)
+    key, read = entry.key, functools.partial(ck.read_stored, entry.key)
     shape = entry.shape
     if found.kind == "wrapper":
         text = f"unwrap {found.subclass} -> {entry.dtype} master weight"
@@ -139,7 +167,7 @@ def _outputs(
 def _read_scaled(ck: Checkpoint, pair: ScalePair, dtype: str) -> torch.Tensor:
     from inspector.tensors.convert import dequantize
 
-    weight, scale = ck.read(pair.weight), ck.read(pair.scale)
+    weight, scale = ck.read_stored(pair.weight), ck.read_stored(pair.scale)
     try:
         return dequantize(weight, scale, dtype=dtype, blocks=pair.blocks)
     except (UnsupportedError, ValueError, RuntimeError) as exc:

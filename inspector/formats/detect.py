@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from inspector.errors import CorruptCheckpointError, NotACheckpointError, UnfinishedSaveError
 from inspector.formats.base import Source
+from inspector.formats.compressed_tensors import logical_weights as logical_weights
 from inspector.formats.dcp import reader as dcp
 from inspector.formats.hf_sharded import ShardedSource
 from inspector.formats.runs import open_run

@@ -8,7 +8,7 @@ plain copy of the folder + fsync (the anchor), then ``inspector.export`` to safe
 after each row. The export writes twice the bytes it reads (bfloat16 from int8).
 Goals (median over rounds; ranges printed):
 - export work <= 4 x copy work (2 x the bytes written, plus dequantization and verification);
-- peak RSS - bare ``import inspector`` <= 4 x largest dequantized tensor + 100 MiB
+- peak RSS - bare ``import torch, inspector`` <= 4 x largest dequantized tensor + 100 MiB
   (bounded by one tensor: its stored parts, its bfloat16 value, the written buffer).
 Run: ``.venv/bin/python benchmarks/dequant_export.py [rounds]`` (default 3; exit 0 when met).
 """
@@ -17,24 +17,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peak import goal_line, measure, mib, spread
+from export import COPY, measured, removed
+from peak import goal_line, mib, spread
 
 LAYERS, ROWS, COLS = 32, 4096, 4096
-COPY = """
-import os, shutil, sys
-imported()
-shutil.copytree(sys.argv[2], sys.argv[3])
-for p in os.scandir(sys.argv[3]):
-    with open(p.path, "rb") as f:
-        os.fsync(f.fileno())
-"""
 EXPORT = """
 import sys, inspector
 imported()
@@ -77,17 +69,6 @@ def build(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(CONFIG))
 
 
-def removed(tmp: str, src: Path) -> None:
-    for made in Path(tmp).iterdir():
-        if made != src:
-            shutil.rmtree(made) if made.is_dir() else made.unlink()
-
-
-def measured(snippet: str, *args: str) -> dict[str, float]:
-    os.sync()
-    return measure(snippet, *args)
-
-
 def main(rounds: int = 3) -> int:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,7 +77,7 @@ def main(rounds: int = 3) -> int:
         size = (src / "model.safetensors").stat().st_size
         print(f"checkpoint: {size / 2**20:,.0f} MiB int8 + scales, {LAYERS} weights {ROWS}x{COLS}")
         print(f"load average before: {os.getloadavg()[0]:.2f}")
-        bare = measured("import inspector")
+        bare = measured("import torch, inspector")  # dequantizing needs torch
         for n in range(rounds):
             copy = measured(COPY, str(src), f"{tmp}/copy{n}")
             removed(tmp, src)

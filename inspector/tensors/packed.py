@@ -96,12 +96,14 @@ def _affine(
 
 
 def _check_fits(scale: torch.Tensor, values: torch.Tensor) -> None:
-    try:
-        torch.broadcast_shapes(scale.shape, values.shape)
-    except RuntimeError:
-        raise SchemeError(
-            f"scale of shape {list(scale.shape)} does not fit a weight of {list(values.shape)}"
-        ) from None
+    """``scale`` broadcasts over ``values`` (checked by hand: torch.broadcast_shapes imports
+    torch.fx, seconds on first use)."""
+    short, long = tuple(scale.shape), tuple(values.shape)
+    fits = len(short) <= len(long) and all(
+        s in (1, n) for s, n in zip(reversed(short), reversed(long), strict=False)
+    )
+    if not fits:
+        raise SchemeError(f"scale of shape {list(short)} does not fit a weight of {list(long)}")
 
 
 def _blocks(

@@ -98,3 +98,37 @@ def test_fp8_trained_wrappers_quantize_their_master_weights(demo_dir: Path) -> N
         assert got[key].raw and got[key].conversion.endswith("-> float8_e4m3fn, per-channel scale")
     for key in ("output.weight", "tok_embeddings.weight"):
         assert same_bits(got[key].read(), masters[key]), key
+
+
+def test_transformers_loads_the_quantized_folder(tmp_path: Path) -> None:
+    """transformers (with compressed-tensors) loads the folder, and after its own
+    decompression every linear weight equals what inspector reads back."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "src")
+    out = tmp_path / "fp8"
+    inspector.export(tmp_path / "src", out / "model.safetensors", fp8="quantize", progress=False)
+    written = json.loads((tmp_path / "src" / "config.json").read_text())
+    written["quantization_config"] = quantization_config("channel", ["lm_head"])
+    (out / "config.json").write_text(json.dumps(written))
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.bfloat16, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]))  # the first forward decompresses the weights
+    ck = inspector.open(out)
+    params = dict(model.named_parameters())
+    assert len(ck.logical) == 7
+    for key in ck.logical:
+        assert same_bits(params[key].detach(), ck.read(key)), key

@@ -185,3 +185,28 @@ def test_gpt_oss_mxfp4_like_transformers(tmp_path: Path) -> None:
         convert_moe_packed_tensors(blocks, scales, dtype=torch.float32),
     )
     assert ck.facts(prefix + "gate_up_proj_blocks").fp8 == f"part of {key}"
+
+
+def test_bad_config_leaves_plain_entries(ct_folders, tmp_path: Path) -> None:
+    root, _ = ct_folders
+    stored = load_file(root / "w4a16" / "model.safetensors")
+    key = f"{Q_PROJ}.weight_packed"
+    for name, text in [
+        ("not_json", "{"),
+        (
+            "odd_groups",
+            json.dumps(
+                {
+                    "quantization_config": {
+                        "quant_method": "compressed-tensors",
+                        "config_groups": {"g": {"weights": {"num_bits": "x"}}},
+                    }
+                }
+            ),
+        ),
+    ]:
+        folder = _damage(root / "w4a16", tmp_path / name, key, stored[key])
+        (folder / "config.json").write_text(text)
+        ck = inspector.open(folder)
+        assert ck.logical == {}
+        assert same_bits(ck.read(key), stored[key])

@@ -22,10 +22,11 @@ from inspector.errors import (
     InspectorError,
     MissingKeyError,
     StorageAccessError,
+    UnsupportedError,
     UsageError,
 )
-from inspector.formats.base import Source, Step
-from inspector.formats.detect import open_source
+from inspector.formats.base import LogicalWeight, Source, Step
+from inspector.formats.detect import logical_weights, open_source
 from inspector.formats.producers import Producer
 from inspector.formats.producers import profile as producer_profile
 from inspector.gc_pause import paused_gc
@@ -92,6 +93,10 @@ class Checkpoint:
         self._entries = {e.key: e for e in entries}
         self._sizes: list[tuple[str, int, int]] | None = None
         self.scale_pairs: ScalePairs = scaled_pairs(self._entries)
+        self.logical: dict[str, LogicalWeight] = logical_weights(source, self._entries)
+        self._part_of = {
+            part: w.key for w in self.logical.values() for part in w.parts.values() if part != w.key
+        }
         self._detections: dict[str, Detection] = {}
         self._damage: dict[str, str] = {}
         self._layout = detect_layout(
@@ -235,9 +240,20 @@ class Checkpoint:
         entry = self.entry(key)
         found = self._detections.get(key)
         subclass = found.subclass if found else None
-        fp8 = (found.fp8 if found and found.subclass else None) or self.scale_pairs.fp8_label(entry)
+        fp8 = (
+            (found.fp8 if found and found.subclass else None)
+            or self._logical_label(key)
+            or self.scale_pairs.fp8_label(entry)
+        )
         error = entry.error or self._damage.get(key) or (found.error if found else None)
         return Facts(subclass, fp8, error)
+
+    def _logical_label(self, key: str) -> str | None:
+        if key in self.logical:
+            return self.logical[key].scheme.label
+        if key in self._part_of:
+            return f"part of {self._part_of[key]}"
+        return None
 
     def scan(self, keys: str | Iterable[str] | None = None, *, progress: bool = True) -> None:
         """Detect subclasses in tensor entries (all, or ``keys``) from their chunks' small
@@ -301,7 +317,16 @@ class Checkpoint:
     def read(self, key: str, dtype: torch.dtype | str | None = None) -> torch.Tensor:
         """The whole tensor as a plain ``torch.Tensor``: chunks assembled, FP8 wrappers unwrapped,
         quantized payloads dequantized (straight to ``dtype`` when given, like torchao's
-        ``dequantize(dtype)``; else to their logical dtype). ``dtype``: a torch.dtype or name."""
+        ``dequantize(dtype)``; else to their logical dtype), a weight stored in parts
+        (``ck.logical``: compressed-tensors, MXFP4) as its logical value. ``dtype``: a
+        torch.dtype or name."""
+        if key in self.logical:
+            return self._read_logical(self.logical[key], dtype)
+        return self.read_stored(key, dtype)
+
+    def read_stored(self, key: str, dtype: torch.dtype | str | None = None) -> torch.Tensor:
+        """Like ``read``, but a stored entry as it is stored even when it is a part of a
+        logical weight (the float8 ``weight`` of a compressed-tensors module)."""
         from inspector.tensors import broadcast
         from inspector.tensors.convert import to_plain
 
@@ -315,6 +340,32 @@ class Checkpoint:
                 tensor = self._assemble(entry, target)
         return tensor if target is None else broadcast.cast(tensor, dtypes.to_torch(target))
 
+    def _read_logical(self, weight: LogicalWeight, dtype: torch.dtype | str | None) -> torch.Tensor:
+        from inspector.tensors.packed import SchemeError, logical
+
+        target = dtypes.optional_name(dtype)
+        if not weight.scheme.known:
+            raise UnsupportedError(
+                f"unknown quantization scheme {weight.scheme.label!r}; its parts "
+                f"{', '.join(weight.parts.values())} stay readable",
+                file=self.location,
+                key=weight.key,
+            )
+        parts = {role: self.read_stored(key) for role, key in weight.parts.items()}
+        where = f"{weight.scheme.label}: "
+        try:
+            return logical(
+                parts, weight.scheme, None if target is None else dtypes.to_torch(target)
+            )
+        except SchemeError as exc:
+            raise CorruptCheckpointError(
+                where + str(exc), file=self.location, key=weight.key
+            ) from None
+        except (KeyError, ValueError, RuntimeError, IndexError) as exc:
+            raise CorruptCheckpointError(
+                f"{where}parts do not fit the scheme ({exc!r})", file=self.location, key=weight.key
+            ) from exc
+
     def read_object(self, key: str) -> Any:
         """A non-tensor value (optimizer hyper-parameters, scheduler state, ...), decoded safely."""
         entry = self._readable(key, "object")
@@ -322,7 +373,12 @@ class Checkpoint:
             return self.source.read_object(entry)
 
     def iter_chunks(self, key: str) -> Iterator[tuple[ChunkInfo, torch.Tensor]]:
-        """Each stored chunk of a tensor as a plain tensor, one at a time (bounded memory)."""
+        """Each stored chunk of a tensor as a plain tensor, one at a time (bounded memory);
+        a logical weight (``ck.logical``) as one chunk holding its value."""
+        if key in self.logical:
+            value = self.read(key)
+            yield ChunkInfo((0,) * value.dim(), tuple(value.shape), "", 0, 0), value
+            return
         entry = self._readable(key, "tensor")
         for index, chunk in enumerate(entry.chunks):
             yield chunk, self.read_chunk(key, index)

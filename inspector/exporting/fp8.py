@@ -37,14 +37,16 @@ if TYPE_CHECKING:
     import torch
 
     from inspector.checkpoint import Checkpoint
+    from inspector.formats.base import LogicalWeight
 
 FP8_MODE_HELP = {
     "dequantize": "FP8 payloads to the dtype (bfloat16 if as stored)",
     "unwrap": "FP8 training wrappers to their master weights",
     "keep": "raw float8 data plus scales",
+    "quantize": "linear weights to FP8 e4m3 + per-channel scales (compressed-tensors)",
 }
 FP8_MODES = tuple(FP8_MODE_HELP)
-Fp8Mode = Literal["dequantize", "unwrap", "keep"]
+Fp8Mode = Literal["dequantize", "unwrap", "keep", "quantize"]
 DEFAULT_FP8_DTYPE = "bfloat16"
 
 
@@ -87,19 +89,98 @@ def plan_fp8(
     dtype = dtypes.name_of(dtype)
     keys = list(keys)
     wanted = set(keys)
-    pairs = ck.scale_pairs.by_weight if mode == "dequantize" else {}
+    pairs = ck.scale_pairs.by_weight if mode in ("dequantize", "quantize") else {}
     consumed = {p.scale: p.weight for p in pairs.values() if p.weight in wanted}
+    grouped = _grouped(ck, wanted) if mode in ("dequantize", "quantize") else {}
     outputs: list[Output] = []
     skipped: dict[str, str] = {}
     for key in keys:
+        if key in grouped:
+            weight = grouped[key]
+            if weight.key in skipped or any(o.name == weight.key for o in outputs):
+                skipped[key] = f"part of {weight.key}, dequantized into it"
+                continue
+            outputs.extend(
+                _quantized(
+                    ck, weight.key, weight.shape, dtype, mode, _logical_output(ck, weight, dtype)
+                )
+            )
+            if key != weight.key:
+                skipped[key] = f"part of {weight.key}, dequantized into it"
+            continue
         entry = ck.entry(key)
         if entry.kind != "tensor":
             skipped[key] = "not a tensor"
         elif key in consumed:
             skipped[key] = f"scale of {consumed[key]}, applied to it"
         else:
-            outputs.extend(_outputs(ck, entry, ck.detection(key), mode, dtype, pairs))
+            inner: Fp8Mode = "dequantize" if mode == "quantize" else mode
+            made = _outputs(ck, entry, ck.detection(key), inner, dtype, pairs)
+            if mode == "quantize" and len(made) == 1:
+                made = _quantized(ck, key, entry.shape, dtype, mode, made[0])
+            outputs.extend(made)
     return outputs, skipped
+
+
+def _quantized(
+    ck: Checkpoint,
+    key: str,
+    shape: tuple[int, ...] | None,
+    dtype: str,
+    mode: str,
+    value: Output,
+) -> list[Output]:
+    """``value`` as FP8 ``key`` + ``key_scale`` when ``mode`` quantizes it, else as it is."""
+    from inspector.exporting import quantize
+
+    if mode != "quantize" or not quantize.quantizable(key, shape, value.dtype):
+        return [value]
+    made = _Quantized(value, dtype)
+    rows = (shape[0], 1) if shape else None
+    text = f"{value.conversion or value.dtype} -> float8_e4m3fn, per-channel scale"
+    return [
+        Output(key, value.sources, text, made.weight, "float8_e4m3fn", shape, raw=True),
+        Output(f"{key}_scale", value.sources, f"scale of {key}", made.scale, dtype, rows, True),
+    ]
+
+
+class _Quantized:
+    """Quantizes one weight once and hands out its FP8 values, then its scale."""
+
+    def __init__(self, value: Output, dtype: str) -> None:
+        self.value, self.dtype = value, dtype
+        self._scale: torch.Tensor | None = None
+
+    def weight(self) -> torch.Tensor:
+        from inspector.exporting.quantize import fp8_weight
+
+        weight = self.value.read().to(dtypes.to_torch(self.dtype))
+        fp8, self._scale = fp8_weight(weight, "channel")
+        return fp8
+
+    def scale(self) -> torch.Tensor:
+        if self._scale is None:
+            self.weight()
+        scale, self._scale = self._scale, None
+        assert scale is not None
+        return scale
+
+
+def _grouped(ck: Checkpoint, wanted: set[str]) -> dict[str, LogicalWeight]:
+    """Each selected stored part of a logical weight (``ck.logical``), mapped to it."""
+    return {
+        part: weight
+        for weight in ck.logical.values()
+        for part in weight.parts.values()
+        if part in wanted
+    }
+
+
+def _logical_output(ck: Checkpoint, weight: LogicalWeight, dtype: str) -> Output:
+    text = f"{weight.scheme.label} -> {dtype}"
+    reader = functools.partial(ck.read, weight.key, dtype)
+    sources = tuple(weight.parts.values())
+    return Output(weight.key, sources, text, reader, dtype, weight.shape)
 
 
 def _outputs(
@@ -110,7 +191,7 @@ def _outputs(
     dtype: str,
     pairs: dict[str, ScalePair],
 ) -> list[Output]:
-    key, read = entry.key, functools.partial(ck.read, entry.key)
+    key, read = entry.key, functools.partial(ck.read_stored, entry.key)
     shape = entry.shape
     if found.kind == "wrapper":
         text = f"unwrap {found.subclass} -> {entry.dtype} master weight"
@@ -139,7 +220,7 @@ def _outputs(
 def _read_scaled(ck: Checkpoint, pair: ScalePair, dtype: str) -> torch.Tensor:
     from inspector.tensors.convert import dequantize
 
-    weight, scale = ck.read(pair.weight), ck.read(pair.scale)
+    weight, scale = ck.read_stored(pair.weight), ck.read_stored(pair.scale)
     try:
         return dequantize(weight, scale, dtype=dtype, blocks=pair.blocks)
     except (UnsupportedError, ValueError, RuntimeError) as exc:

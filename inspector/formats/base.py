@@ -10,8 +10,8 @@ small pickle records only), ``read_chunk`` / ``read_object`` (the bytes) and
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Union
 
 from inspector.entry import Entry
@@ -168,3 +168,78 @@ def bytes_view(tensor: torch.Tensor) -> memoryview:
         flat = flat.as_strided((1,), (1,))
     array: Any = flat.view(torch.uint8).numpy()
     return memoryview(array).cast("B")
+
+
+# --- weights stored in parts (grouped by formats/compressed_tensors.py) ---------------------
+
+MXFP4 = "mxfp4"
+# Quantization formats whose stored parts inspector.tensors.packed turns back into values.
+QUANT_FORMATS = frozenset(
+    [
+        "float-quantized",
+        "naive-quantized",
+        "int-quantized",
+        "pack-quantized",
+        "nvfp4-pack-quantized",
+        MXFP4,
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Scheme:
+    """How one weight was quantized: the storage ``format`` and the weight's quantization
+    arguments (``num_bits``, ``type`` int/float, ``strategy`` tensor/channel/group/block/
+    tensor_group, ``group_size``, ``block_structure``, ``symmetric``) as config.json has them."""
+
+    format: str
+    num_bits: int = 8
+    type: str = "int"
+    strategy: str = "tensor"
+    group_size: int | None = None
+    block_structure: tuple[int, ...] | None = None
+    symmetric: bool = True
+
+    @property
+    def known(self) -> bool:
+        """Whether its values can be reconstructed here."""
+        return self.format in QUANT_FORMATS
+
+    @property
+    def label(self) -> str:
+        """``pack-quantized int4 group 128 asymmetric``: what is shown for the weight."""
+        if self.format == MXFP4:
+            return "mxfp4 e2m1 + e8m0 scale per 32 (gpt-oss)"
+        layout = self.strategy
+        if self.group_size and self.strategy in ("group", "tensor_group"):
+            layout = f"{self.strategy.replace('_', '-')} {self.group_size}"
+        elif self.block_structure:
+            layout = "block " + "x".join(map(str, self.block_structure))
+        text = f"{self.format} {self.type}{self.num_bits} {layout}"
+        return text if self.symmetric else text + " asymmetric"
+
+    @classmethod
+    def from_args(cls, fmt: str, args: Mapping[str, Any]) -> Scheme:
+        block = args.get("block_structure")
+        return cls(
+            fmt,
+            int(args.get("num_bits", 8)),
+            str(args.get("type", "int")),
+            str(args.get("strategy", "tensor")),
+            args.get("group_size"),
+            tuple(block) if block else None,
+            bool(args.get("symmetric", True)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LogicalWeight:
+    """One quantized weight: its logical ``key``, ``scheme``, the stored ``parts`` (role ->
+    entry key, roles as the producer names them) and its logical dtype and shape when known
+    from metadata (a pack-quantized shape is in ``weight_shape``'s values, so None here)."""
+
+    key: str
+    scheme: Scheme
+    parts: dict[str, str] = field(hash=False)
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None

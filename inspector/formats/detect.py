@@ -18,6 +18,7 @@ from inspector.errors import (
 from inspector.formats import producers
 from inspector.formats.base import Source
 from inspector.formats.bundle import BundleSource, component_files
+from inspector.formats.compressed_tensors import logical_weights as logical_weights
 from inspector.formats.dcp import reader as dcp
 from inspector.formats.hf_sharded import ShardedSource
 from inspector.formats.runs import open_run

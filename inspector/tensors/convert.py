@@ -69,7 +69,28 @@ def _nf4(ref: SubclassRef, dtype: torch.dtype) -> torch.Tensor:
     )
 
 
-CONVERTERS = {"training": _training, "affine": _affine, "mx": _mx, "nvfp4": _nvfp4, "nf4": _nf4}
+def _int(ref: SubclassRef, dtype: torch.dtype) -> torch.Tensor:
+    """``Int8Tensor.dequantize(dtype)`` computes in ``dtype``; ``IntxUnpackedToInt8Tensor``
+    takes no dtype: it computes in its own and is cast afterwards."""
+    own = dtype if class_name(ref) == "Int8Tensor" else _torch_dtype(ref.dtype)
+    zero_point = ref.attrs.get("zero_point")
+    return dequant.affine_int(
+        attr(ref, "qdata"),
+        attr(ref, "scale"),
+        zero_point if isinstance(zero_point, torch.Tensor) else None,
+        tuple(attr(ref, "block_size")),
+        own,
+    )
+
+
+CONVERTERS = {
+    "training": _training,
+    "affine": _affine,
+    "mx": _mx,
+    "nvfp4": _nvfp4,
+    "nf4": _nf4,
+    "int": _int,
+}
 
 
 def dequantize(

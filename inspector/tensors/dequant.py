@@ -3,7 +3,8 @@
 Each function follows the producer's own convention operation by operation, so results are
 bit-identical to torchao 0.18 (``Float8TrainingTensor.to_original_precision``,
 ``Float8Tensor.dequantize``, ``MXTensor.dequantize``, ``NVFP4Tensor.dequantize``,
-``NF4Tensor.get_original_weight``) and to the DeepSeek-V3 / Hugging Face block-FP8 rule.
+``NF4Tensor.get_original_weight``, ``Int8Tensor`` / ``IntxUnpackedToInt8Tensor.dequantize``)
+and to the DeepSeek-V3 / Hugging Face block-FP8 rule.
 """
 
 from __future__ import annotations
@@ -70,6 +71,35 @@ def block_float8(
         if full.shape[dim] != weight.shape[dim]:
             full = full.repeat_interleave(size, dim=dim).narrow(dim, 0, weight.shape[dim])
     return (weight.to(torch.float32) * full).to(dtype)
+
+
+def affine_int(
+    qdata: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None,
+    block: tuple[int, ...],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """torchao ``dequantize_affine``: ``(qdata - zero_point) * scale``, one scale (and zero
+    point) per block of ``block`` elements, computed in ``dtype`` as torchao does."""
+    if len(block) != qdata.dim():
+        raise ValueError(f"block size {list(block)} does not fit a {qdata.dim()}-D tensor")
+    grouped: list[int] = []
+    reduced: list[int] = []
+    for size, step in zip(qdata.shape, block, strict=True):
+        if step not in (size, 1) and step > 1:
+            if size % step:
+                raise ValueError(f"block size {list(block)} does not tile {list(qdata.shape)}")
+            grouped += [size // step, step]
+            reduced += [size // step, 1]
+        else:
+            grouped.append(size)
+            reduced.append(1 if step != 1 else size)
+    values = qdata.view(grouped).to(dtype, copy=True)
+    if zero_point is not None:
+        values = values - zero_point.view(reduced).to(dtype)
+    values = values * scale.view(reduced)
+    return values.view(qdata.shape).to(dtype)
 
 
 # --- MX (OCP microscaling) and NVFP4 ------------------------------------------------------

@@ -7,6 +7,7 @@ hold a plain high-precision tensor; payloads hold quantized data plus scales:
 - ``training``: ``Float8TrainingTensor`` (legacy ``torchao.float8.float8_tensor.Float8Tensor``)
 - ``affine``: torchao.quantization ``Float8Tensor``
 - ``mx``: ``MXTensor``; ``nvfp4``: ``NVFP4Tensor``; ``nf4``: ``NF4Tensor``
+- ``int``: ``Int8Tensor`` and ``IntxUnpackedToInt8Tensor`` (int1-int8 codes in int8, affine)
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def format_key(cls: str) -> str | None:
         "MXTensor": "mx",
         "NVFP4Tensor": "nvfp4",
         "NF4Tensor": "nf4",
+        "Int8Tensor": "int",
+        "IntxUnpackedToInt8Tensor": "int",
     }.get(name)
 
 
@@ -126,6 +129,22 @@ def _nf4_facts(ref: SubclassRef) -> str:
     )
 
 
+def _int_facts(ref: SubclassRef) -> str:
+    shape = ref.shape
+    block = tuple(ref.attrs.get("block_size") or ())
+    if len(block) == len(shape) == 2 and block[0] == 1 and block[1] < shape[1]:
+        layout = f"group {block[1]}"
+    else:
+        layout = granularity(shape, block if len(block) == len(shape) else None)
+    bits = name_of(ref.attrs.get("target_dtype", "int8"))
+    text = f"{bits} data + {layout} scale" if bits == "int8" else f"{bits} in int8 + {layout} scale"
+    if is_tensor_like(ref.attrs.get("zero_point")):
+        text += " + zero point"
+    if ref.attrs.get("act_quant_kwargs") is not None or ref.attrs.get("activation_quantization"):
+        text += ", dynamic activation quantization"
+    return text
+
+
 @dataclass(frozen=True)
 class Payload:
     """How one payload class stores its data and scales, and what is shown about it."""
@@ -166,5 +185,11 @@ PAYLOADS = {
         ("quantized_scalers", "quantization_factor", "scaler_mean", "nf4"),
         "value = nf4[code] * (quantized_scalers / quantization_factor + scaler_mean)",
         _nf4_facts,
+    ),
+    "int": Payload(
+        "qdata",
+        ("scale", "zero_point"),
+        "value = (data - zero_point) * scale, one scale per block of block_size",
+        _int_facts,
     ),
 }

@@ -305,7 +305,7 @@ def test_demo_fp8_detects_exactly_the_converted_linears(demo_dir: Path) -> None:
     assert table.subclass.notna().sum() == len(CONVERTED)
 
 
-@pytest.mark.parametrize("mode", FP8_MODES)
+@pytest.mark.parametrize("mode", [m for m in FP8_MODES if m != "quantize"])
 def test_demo_fp8_values_are_the_master_weights(demo_dir: Path, mode: str) -> None:
     ck = inspector.open(demo_dir / "fp8")
     masters = torch_master_weights(demo_dir / "fp8")

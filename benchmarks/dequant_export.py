@@ -1,0 +1,105 @@
+"""Dequantizing export of a 512 MiB int8 checkpoint against a plain copy of it, same run.
+
+The checkpoint is a compressed-tensors ``naive-quantized`` folder (int8 weights, bfloat16
+per-channel ``weight_scale``, ``quantization_config`` in config.json): 32 weights of
+4096 x 4096 int8, one safetensors file. Each round, in fresh processes after ``sync``: a
+plain copy of the folder + fsync (the anchor), then ``inspector.export`` to safetensors
+(each logical weight dequantized to bfloat16, verified: the default), outputs removed
+after each row. The export writes twice the bytes it reads (bfloat16 from int8).
+Goals (median over rounds; ranges printed):
+- export work <= 4 x copy work (2 x the bytes written, plus dequantization and verification);
+- peak RSS - bare ``import torch, inspector`` <= 4 x largest dequantized tensor + 100 MiB
+  (bounded by one tensor: its stored parts, its bfloat16 value, the written buffer).
+Run: ``.venv/bin/python benchmarks/dequant_export.py [rounds]`` (default 3; exit 0 when met).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from export import COPY, measured, removed
+from peak import goal_line, mib, spread
+
+LAYERS, ROWS, COLS = 32, 4096, 4096
+EXPORT = """
+import sys, inspector
+imported()
+r = inspector.export(sys.argv[2], sys.argv[3], format="safetensors", progress=False)
+assert r.tensors == int(sys.argv[4]), r.summary()
+assert r.verification is None or r.verification.ok, r.verification
+"""
+CONFIG = {
+    "model_type": "llama",
+    "quantization_config": {
+        "quant_method": "compressed-tensors",
+        "format": "naive-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True},
+            }
+        },
+        "ignore": ["lm_head"],
+    },
+}
+
+
+def build(folder: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(0)
+    tensors = {}
+    for i in range(LAYERS):
+        key = f"model.layers.{i}.mlp.down_proj"
+        tensors[f"{key}.weight"] = torch.randint(
+            -127, 128, (ROWS, COLS), generator=generator, dtype=torch.int8
+        )
+        tensors[f"{key}.weight_scale"] = (torch.rand(ROWS, 1, generator=generator) / 100).to(
+            torch.bfloat16
+        )
+    folder.mkdir()
+    save_file(tensors, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(CONFIG))
+
+
+def main(rounds: int = 3) -> int:
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "int8"
+        build(src)
+        size = (src / "model.safetensors").stat().st_size
+        print(f"checkpoint: {size / 2**20:,.0f} MiB int8 + scales, {LAYERS} weights {ROWS}x{COLS}")
+        print(f"load average before: {os.getloadavg()[0]:.2f}")
+        bare = measured("import torch, inspector")  # dequantizing needs torch
+        for n in range(rounds):
+            copy = measured(COPY, str(src), f"{tmp}/copy{n}")
+            removed(tmp, src)
+            export = measured(EXPORT, str(src), f"{tmp}/out{n}", str(LAYERS))
+            removed(tmp, src)
+            runs.append((copy, export))
+        print(f"load average after: {os.getloadavg()[0]:.2f}\n")
+    ratios = [e["work"] / c["work"] for c, e in runs]
+    print(f"copy + fsync work s:   {spread([c['work'] for c, _ in runs])}")
+    print(f"dequant export work s: {spread([e['work'] for _, e in runs])}")
+    print(f"export peak RSS:       {mib(max(e['peak'] for _, e in runs))}")
+    largest = ROWS * COLS * 2
+    budget = (4 * largest + 100 * 2**20) / 2**20
+    ok = goal_line("dequantizing export work <= 4 x copy work", ratios, 4.0)
+    ok &= goal_line(
+        f"peak - bare import <= 4 x largest + 100 MiB ({budget:.0f} MiB)",
+        [(e["peak"] - bare["peak"]) / 2**20 for _, e in runs],
+        budget,
+    )
+    print("all goals met" if ok else "GOALS MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3))

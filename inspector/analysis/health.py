@@ -274,6 +274,17 @@ def _parameters(
     return found
 
 
+def stored_key(ck: Checkpoint, name: str) -> str:
+    """The key a model parameter named ``name`` (as in the report) is stored under in ``ck``."""
+    for entry in ck.entries():
+        fqn = model_fqn(entry)
+        if fqn is not None and canonical_fqn(fqn) == name:
+            return entry.key
+    from inspector.errors import MissingKeyError
+
+    raise MissingKeyError(f"no model parameter named {name!r}", file=ck.location, key=name)
+
+
 def _floating(entry: Entry) -> bool:
     return entry.dtype is not None and ("float" in entry.dtype or entry.dtype.startswith("bf"))
 

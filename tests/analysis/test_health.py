@@ -173,3 +173,30 @@ def test_json_shape(faulty: HealthReport) -> None:
         "message",
     }
     assert shape["ok"] is False and shape["errors"] is False
+
+
+HF_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "hf_trainer" / "run"
+
+
+def test_hf_trainer_run_weights_match_safetensors() -> None:
+    """A transformers Trainer run (tests/fixtures/hf_trainer/generate.py): the checkpoint-N/
+    steps, keys without the ``model.`` prefix, layers found, numbers as torch computes them
+    from what safetensors loads; a healthy run, so nothing flagged."""
+    from safetensors.torch import load_file
+
+    report = health(HF_RUN)
+    assert [s.name for s in report.steps] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert report.findings == ()
+    key = "layers.1.self_attn.q_proj.weight"
+    w2, w4, w6 = (
+        load_file(HF_RUN / f"checkpoint-{n}" / "model.safetensors")[f"model.{key}"].double()
+        for n in (2, 4, 6)
+    )
+    row = _row(report, key, "checkpoint-6")
+    assert (row.layer, row.group) == (1, "layer 1")
+    assert row.l2 == pytest.approx(float(w6.norm()), rel=1e-6)
+    assert row.absmax == float(w6.abs().max())
+    assert row.update_ratio == pytest.approx(float((w6 - w4).norm() / w4.norm()), rel=1e-5)
+    cosine = torch.nn.functional.cosine_similarity((w6 - w4).flatten(), (w4 - w2).flatten(), dim=0)
+    assert row.update_cosine == pytest.approx(float(cosine), rel=1e-5)
+    assert row.exp_avg_rms is None  # optimizer.pt keeps state by parameter index: not mapped

@@ -15,6 +15,7 @@ once per step and memory holds one parameter's current and previous value and pr
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import itertools
 import math
@@ -28,6 +29,7 @@ import torch
 from inspector.analysis.stats import layer_index, layer_name
 from inspector.checkpoint import Checkpoint, as_checkpoint
 from inspector.entry import Entry
+from inspector.errors import InspectorError, MissingKeyError, UsageError
 from inspector.formats.base import Step
 from inspector.keys.optimizer import optimizer_ref, resolve_optimizer_fqn, state_name
 from inspector.keys.spellings import canonical_fqn, model_fqn
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 # kind -> (severity, what it means), severities as the audit's (analysis/findings.py).
 KINDS: dict[str, tuple[str, str]] = {
     "non-finite": ("error", "NaN or infinite weights or optimizer moments"),
+    "unreadable": ("error", "a tensor that cannot be read (damaged or missing bytes)"),
     "norm-jump": ("warning", "the weight norm changed by more than norm_jump x between steps"),
     "update-outlier": ("warning", "an update ratio update_outlier x its reference median"),
     "frozen": ("warning", "a parameter that stopped changing while the others train"),
@@ -226,9 +229,14 @@ def health(
     counter = Counter(total, on_progress, cancel)
     limits = thresholds or Thresholds()
     rows: list[ParamHealth] = []
+    unreadable: list[HealthFinding] = []
     for name, per_step in params.items():
-        rows.extend(_walk(name, per_step, opened, chosen, optimizer, counter, limits))
-    return HealthReport(ck.location, tuple(chosen), tuple(rows), tuple(find(rows, limits)), limits)
+        found, failed = _walk(name, per_step, opened, chosen, optimizer, counter, limits)
+        rows.extend(found)
+        unreadable.extend(failed)
+    order = {s.name: i for i, s in enumerate(chosen)}
+    findings = sorted([*unreadable, *find(rows, limits)], key=lambda f: order[f.step_name])
+    return HealthReport(ck.location, tuple(chosen), tuple(rows), tuple(findings), limits)
 
 
 # --- the steps and what they hold ----------------------------------------------------------
@@ -239,8 +247,6 @@ def _chosen_steps(ck: Checkpoint, steps: Iterable[str | int] | None) -> list[Ste
     wanted = [str(s) for s in steps]
     chosen = [s for s in run if s.name in wanted or str(s.number) in wanted]
     if len(chosen) != len(wanted):
-        from inspector.errors import UsageError
-
         names = ", ".join(s.name for s in run)
         raise UsageError(
             f"steps {wanted} are not all saved steps of the run ({names})", file=ck.location
@@ -280,8 +286,6 @@ def stored_key(ck: Checkpoint, name: str) -> str:
         fqn = model_fqn(entry)
         if fqn is not None and canonical_fqn(fqn) == name:
             return entry.key
-    from inspector.errors import MissingKeyError
-
     raise MissingKeyError(f"no model parameter named {name!r}", file=ck.location, key=name)
 
 
@@ -322,8 +326,9 @@ def _walk(
     optimizer: Sequence[dict[str, _Adam]],
     counter: Counter,
     limits: Thresholds,
-) -> list[ParamHealth]:
-    rows = []
+) -> tuple[list[ParamHealth], list[HealthFinding]]:
+    """The parameter's rows, step by step, and the steps where it could not be read."""
+    rows, unreadable = [], []
     previous: torch.Tensor | None = None
     previous_update: torch.Tensor | None = None
     previous_l2 = 0.0
@@ -331,8 +336,17 @@ def _walk(
         if key is None:
             previous = previous_update = None
             continue
-        moments = _moments(ck, adam.get(name))
-        current = ck.read(key).to(torch.float32)
+        try:
+            moments = _moments(ck, adam.get(name))
+        except InspectorError as exc:
+            unreadable.append(_unreadable(name, step, "its optimizer state", exc))
+            moments = {}
+        try:
+            current = ck.read(key).to(torch.float32).contiguous()  # owned: updated in place
+        except InspectorError as exc:
+            unreadable.append(_unreadable(name, step, "its weights", exc))
+            previous = previous_update = None
+            continue
         row = _weights(current, step, name, ck.entry(key).numel, limits.channel_outlier)
         if previous is not None and previous.shape == current.shape:
             update = previous.sub_(current).neg_()  # previous's buffer becomes the update
@@ -343,7 +357,19 @@ def _walk(
         rows.append(_replace(row, **moments))
         previous, previous_l2 = current, row.l2
         counter.step(row.numel)
-    return rows
+    return rows, unreadable
+
+
+def _unreadable(name: str, step: Step, what: str, exc: InspectorError) -> HealthFinding:
+    return HealthFinding(
+        "unreadable",
+        step.number,
+        step.name,
+        name,
+        layer_index(name),
+        None,
+        f"{name}: {what} cannot be read at {step.name}: {exc}",
+    )
 
 
 def _weights(value: torch.Tensor, step: Step, name: str, numel: int, k: float) -> ParamHealth:
@@ -442,10 +468,7 @@ def _rms(value: torch.Tensor) -> float:
 
 
 def _scalar(ck: Checkpoint, key: str | None) -> float | None:
-    if key is None:
-        return None
-    entry = ck.entry(key)
-    value = ck.read(key) if entry.kind == "tensor" else ck.read_object(key)
+    value = _object(ck, key)
     return float(value) if isinstance(value, (int, float, torch.Tensor)) else None
 
 
@@ -457,8 +480,6 @@ def _object(ck: Checkpoint, key: str | None) -> Any:
 
 
 def _replace(row: ParamHealth, **changes: Any) -> ParamHealth:
-    import dataclasses
-
     return dataclasses.replace(row, **changes)
 
 

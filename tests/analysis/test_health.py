@@ -5,6 +5,7 @@ found at their layer and step, and nothing flagged on the healthy run."""
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,20 @@ def test_hf_trainer_run_weights_match_safetensors() -> None:
     cosine = torch.nn.functional.cosine_similarity((w6 - w4).flatten(), (w4 - w2).flatten(), dim=0)
     assert row.update_cosine == pytest.approx(float(cosine), rel=1e-5)
     assert row.exp_avg_rms is None  # optimizer.pt keeps state by parameter index: not mapped
+
+
+def test_a_damaged_step_is_an_error_the_rest_is_reported(healthy_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(healthy_run, run)
+    data = run / "step-20" / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    report = health(run, keys=["layers.*.attention.wq.weight", "output.weight"])
+    bad = [f for f in report.findings if f.kind == "unreadable"]
+    assert bad and {f.step_name for f in bad} == {"step-20"} and report.has_errors
+    assert all("__0_0.distcp" in f.message and "truncated" in f.message for f in bad)
+    assert {f.kind for f in report.findings} == {"unreadable"}
+    lost = {f.key for f in bad if "its weights" in f.message}
+    kept = {r.key for r in report.rows if r.step_name == "step-20"}
+    assert lost and kept and lost | kept == {r.key for r in report.rows}  # the rest is reported
+    after = [r for r in report.rows if r.step_name == "step-30" and r.key in lost]
+    assert after and all(r.update_ratio is None for r in after)  # no step-20 to compare with

@@ -373,13 +373,10 @@ def _unreadable(name: str, step: Step, what: str, exc: InspectorError) -> Health
 
 
 def _weights(value: torch.Tensor, step: Step, name: str, numel: int, k: float) -> ParamHealth:
-    nan = int(torch.isnan(value).sum())
-    inf = int(torch.isinf(value).sum())
+    l2, nan, inf = _norm(value)
     if nan or inf:
         value = torch.where(torch.isfinite(value), value, 0.0)
-    l2 = float(torch.linalg.vector_norm(value, dtype=torch.float64)) if value.numel() else 0.0
-    absmax = float(value.abs().max()) if value.numel() else 0.0
-    channels = _channels(value, k)
+    low, high = torch.aminmax(value) if numel else (torch.zeros(()), torch.zeros(()))
     index = layer_index(name)
     return ParamHealth(
         step=step.number,
@@ -390,12 +387,23 @@ def _weights(value: torch.Tensor, step: Step, name: str, numel: int, k: float) -
         numel=numel,
         l2=l2,
         rms=l2 / math.sqrt(numel) if numel else 0.0,
-        absmax=absmax,
+        absmax=max(float(high), -float(low)),
         nan=nan,
         inf=inf,
-        zero_fraction=int((value == 0).sum()) / numel if numel else 0.0,
-        **channels,
+        zero_fraction=(numel - int(torch.count_nonzero(value))) / numel if numel else 0.0,
+        **_channels(value, k),
     )
+
+
+def _norm(value: torch.Tensor) -> tuple[float, int, int]:
+    """L2 norm over the finite values, and the NaN and Inf counts (counted only when the
+    norm says there may be some: one pass for a healthy tensor)."""
+    l2 = float(torch.linalg.vector_norm(value)) if value.numel() else 0.0
+    if math.isfinite(l2):
+        return l2, 0, 0
+    nan, inf = int(torch.isnan(value).sum()), int(torch.isinf(value).sum())
+    finite = torch.where(torch.isfinite(value), value, 0.0)
+    return float(torch.linalg.vector_norm(finite, dtype=torch.float64)), nan, inf
 
 
 def _channels(value: torch.Tensor, k: float) -> dict[str, Any]:
@@ -403,8 +411,7 @@ def _channels(value: torch.Tensor, k: float) -> dict[str, Any]:
     median channel's."""
     if value.dim() != 2 or min(value.shape) < 2:
         return {}
-    rows = torch.maximum(value.amax(1), -value.amin(1))
-    columns = torch.maximum(value.amax(0), -value.amin(0))
+    rows, columns = (torch.maximum(hi, -lo) for lo, hi in (value.aminmax(dim=d) for d in (1, 0)))
     if not bool(rows.any()):
         return {}
     medians = [float(rows.median()), float(columns.median())]
@@ -425,12 +432,13 @@ def _above(values: torch.Tensor, median: float, k: float) -> int:
 def _with_update(
     row: ParamHealth, update: torch.Tensor, before: torch.Tensor | None, previous_l2: float
 ) -> ParamHealth:
-    update = torch.where(torch.isfinite(update), update, 0.0)
-    l2 = float(torch.linalg.vector_norm(update, dtype=torch.float64))
+    l2, nan, inf = _norm(update)
+    if nan or inf:
+        update.nan_to_num_(0.0, 0.0, 0.0)
     cosine = None
     if before is not None and before.shape == update.shape:
-        norms = l2 * float(torch.linalg.vector_norm(before, dtype=torch.float64))
-        dot = float(torch.dot(update.flatten().double(), before.flatten().double()))
+        norms = l2 * float(torch.linalg.vector_norm(before))
+        dot = float(torch.dot(update.flatten(), before.flatten()))
         cosine = dot / norms if norms > 0 else None
     ratio = l2 / previous_l2 if previous_l2 > 0 else None
     return _replace(row, update_l2=l2, update_ratio=ratio, update_cosine=cosine)
@@ -450,7 +458,8 @@ def _moments(ck: Checkpoint, adam: _Adam | None) -> dict[str, Any]:
     found["exp_avg_rms"] = _rms(m)
     v = ck.read(v_key).to(torch.float32)
     found["exp_avg_sq_rms"] = _rms(v)
-    found["second_moment_zero_fraction"] = int((v == 0).sum()) / v.numel() if v.numel() else 0.0
+    zeros = v.numel() - int(torch.count_nonzero(v))
+    found["second_moment_zero_fraction"] = zeros / v.numel() if v.numel() else 0.0
     lr, betas, eps = (_object(ck, adam.hyper.get(h)) for h in ("lr", "betas", "eps"))
     if None in (lr, betas, eps, step) or not step:
         return found
@@ -462,9 +471,8 @@ def _moments(ck: Checkpoint, adam: _Adam | None) -> dict[str, Any]:
 
 
 def _rms(value: torch.Tensor) -> float:
-    finite = torch.where(torch.isfinite(value), value, 0.0)
     n = value.numel()
-    return float(torch.linalg.vector_norm(finite, dtype=torch.float64)) / math.sqrt(n) if n else 0.0
+    return _norm(value)[0] / math.sqrt(n) if n else 0.0
 
 
 def _scalar(ck: Checkpoint, key: str | None) -> float | None:

@@ -411,7 +411,8 @@ def _channels(value: torch.Tensor, k: float) -> dict[str, Any]:
     median channel's."""
     if value.dim() != 2 or min(value.shape) < 2:
         return {}
-    rows, columns = (torch.maximum(hi, -lo) for lo, hi in (value.aminmax(dim=d) for d in (1, 0)))
+    # amax and amin, not aminmax(dim=): that one runs 30-60x slower on CPU (torch 2.13)
+    rows, columns = (torch.maximum(value.amax(d), -value.amin(d)) for d in (1, 0))
     if not bool(rows.any()):
         return {}
     medians = [float(rows.median()), float(columns.median())]

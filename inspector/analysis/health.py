@@ -465,9 +465,9 @@ def _moments(ck: Checkpoint, adam: _Adam | None) -> dict[str, Any]:
     if None in (lr, betas, eps, step) or not step:
         return found
     beta1, beta2 = (float(b) for b in betas)
-    v.div_(1 - beta2**step).sqrt_().add_(float(eps))
-    effective = m.div_(1 - beta1**step).div_(v).mul_(float(lr))
-    found["effective_step_rms"] = _rms(effective)
+    # lr·(m/(1-β1^t)) / (√(v/(1-β2^t)) + eps), the scalars folded out of the passes
+    v.sqrt_().mul_(1 / math.sqrt(1 - beta2**step)).add_(float(eps))
+    found["effective_step_rms"] = _rms(m.div_(v)) * float(lr) / (1 - beta1**step)
     return found
 
 

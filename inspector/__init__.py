@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from inspector.analysis.error_text import explain_error
     from inspector.analysis.fingerprint import Fingerprint, fingerprint
     from inspector.analysis.fqn import KeyReport, check_keys
+    from inspector.analysis.health import HealthReport, health
     from inspector.analysis.stats import Histogram, TensorStats, histogram, stats
     from inspector.checkpoint import Checkpoint
     from inspector.exporting.run import ExportResult, export
@@ -48,6 +49,7 @@ __all__ = [
     "ExportError",
     "ExportResult",
     "Fingerprint",
+    "HealthReport",
     "Histogram",
     "Inspector",
     "InspectorError",
@@ -68,6 +70,7 @@ __all__ = [
     "export",
     "fingerprint",
     "fp8",
+    "health",
     "histogram",
     "open",
     "stats",
@@ -95,6 +98,8 @@ _LAZY = {
     "AuditReport": "inspector.analysis.audit",
     "fingerprint": "inspector.analysis.fingerprint",
     "Fingerprint": "inspector.analysis.fingerprint",
+    "health": "inspector.analysis.health",
+    "HealthReport": "inspector.analysis.health",
     "stats": "inspector.analysis.stats",
     "histogram": "inspector.analysis.stats",
     "TensorStats": "inspector.analysis.stats",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from inspector.demo import build_demo
+from inspector.demo.run import RunPlan, build_run
 from tests.fixtures import formats
 from tests.fixtures.servers import SERVERS, CountedServer
 
@@ -21,6 +22,23 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demo")
     build_demo(out)
     return out
+
+
+# The faults run health must find: one layer's learning rate x300 for training step 25, another
+# layer frozen after step 15 (saves every 10 steps up to 40).
+FAULTS = RunPlan(spike_layer=1, spike_at=25, frozen_layer=0, freeze_after=15)
+
+
+@pytest.fixture(scope="session")
+def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A torchtitan-style run (step-10/ ... step-40/, model + AdamW state) trained normally."""
+    return build_run(tmp_path_factory.mktemp("healthy_run"))
+
+
+@pytest.fixture(scope="session")
+def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same run with the ``FAULTS`` injected."""
+    return build_run(tmp_path_factory.mktemp("faulty_run"), FAULTS)
 
 
 @pytest.fixture

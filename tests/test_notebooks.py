@@ -15,7 +15,7 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ("inspect", "fqn_mismatch", "fp8_export", "to_huggingface")
+NAMES = ("inspect", "fqn_mismatch", "fp8_export", "to_huggingface", "run_health")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
@@ -116,6 +116,18 @@ STORIES = {
             "After it: every key, shape and dtype matches.",
         ],
         "exports/llama-hf/model.safetensors",
+    ),
+    "run_health": (
+        [
+            "saved steps: ['step-10', 'step-20', 'step-30', 'step-40']",
+            "runs/healthy/step-40: 4 step(s), 30 parameters: nothing looks wrong",
+            "runs/faulty/step-40: 4 step(s), 30 parameters: 28 finding(s)",
+            "step-30: layers.1.attention.wq.weight changed by",
+            "step-30: layers.0.attention.wq.weight did not change up to step-30",
+            "layer 0                  update ratio 0.0000",
+            "exit code: 0",
+        ],
+        "runs/faulty/step-40/.metadata",
     ),
 }
 

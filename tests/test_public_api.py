@@ -90,6 +90,9 @@ def test_public_names_exist_at_runtime(demo_dir: Path) -> None:
     hist = inspector.histogram(demo_dir / "flat", "norm.weight", bins=8)
     assert int(hist.counts.sum()) == 64 and hist.plot() is not None
     assert inspector.fp8.dequantize(torch.ones(2, 2), dtype="float16").dtype == torch.float16
+    one_step = inspector.health(ck, keys=["norm.weight"])
+    assert isinstance(one_step, inspector.HealthReport)
+    assert one_step.rows[0].l2 == pytest.approx(float(ck.read("norm.weight").double().norm()))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         inspector.nope  # noqa: B018
 

@@ -56,6 +56,29 @@ found (an unfinished save included), 2 when the path cannot be opened as a check
 listed in inspector/analysis/findings.py (KINDS).
 """
 
+HEALTH_HELP = """\
+What changed between the saved steps of a training run (a folder of step-N/, iter_N/,
+checkpoint-N/ ... or one step of it), from the weights and the Adam state: per parameter
+and step the L2 norm, RMS, max |w|, NaN/Inf counts, zero fraction, the update ratio
+|w_t - w_t-1| / |w_t-1| and the cosine of successive updates, the RMS of exp_avg,
+exp_avg_sq and of the effective step lr*m_hat/(sqrt(v_hat)+eps); findings: non-finite
+values, norm jumps, update-ratio outliers, frozen parameters, step counters that disagree,
+zero second moments, dead rows/columns, outlier channels.
+
+Exit code: 0 when no error-severity finding (warnings may remain), 1 when one exists,
+2 when the run cannot be opened.
+
+--json prints {"run", "steps": [{"name", "number"}], "thresholds": {"norm_jump",
+"update_outlier", "channel_outlier"}, "ok", "errors", "findings": [{"kind", "severity",
+"step", "step_name", "key", "layer", "value", "message"}], "layers": [{"group", "layer",
+"step", "step_name", "parameters", "numel", "l2", "rms", "absmax", "nan", "inf",
+"zero_fraction", "update_ratio", "update_cosine", "exp_avg_rms", "exp_avg_sq_rms",
+"effective_step_rms"}], "parameters": [the same per parameter, plus "key", "update_l2",
+"second_moment_zero_fraction", "optimizer_step", "dead_rows", "dead_columns",
+"outlier_rows", "outlier_columns", "channel_ratio"]}; null where a value does not apply.
+Kinds and severities: inspector/analysis/health.py (KINDS).
+"""
+
 FINGERPRINT_HELP = """\
 A content hash of the model's tensors (or of the keys matching --keys) that does not
 depend on the format, sharding, rank count, key prefix or file layout: a 2-rank DCP save,
@@ -205,6 +228,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
     else:
         print(report)
     return 0 if report.ok else 1
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    report = inspector.health(
+        args.path, steps=args.steps, keys=args.keys, storage_options=args.storage_options
+    )
+    if args.json:
+        json.dump(report.as_dict(), sys.stdout, indent=1)
+        print()
+    else:
+        print(report.text())
+    return 1 if report.has_errors else 0
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
@@ -444,6 +479,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     aud.add_argument("--values", action="store_true", help="also count NaN / Inf values")
     aud.set_defaults(func=cmd_audit)
+    hlt = sub.add_parser(
+        "health",
+        help="what changed between a run's saved steps (exit 1 on error findings)",
+        description=HEALTH_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[remote],
+    )
+    hlt.add_argument("path")
+    hlt.add_argument("--json", action="store_true", help="machine-readable output")
+    hlt.add_argument("--steps", nargs="+", metavar="STEP", help="saved steps, by name or number")
+    hlt.add_argument("--keys", nargs="+", metavar="GLOB", help="model parameters, by name")
+    hlt.set_defaults(func=cmd_health)
     fpr = sub.add_parser(
         "fingerprint",
         help="content hash of the weights, independent of format, sharding and key prefix",

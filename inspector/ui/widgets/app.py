@@ -12,6 +12,7 @@ import ipywidgets as w
 import inspector
 from inspector.analysis.audit import AuditReport
 from inspector.analysis.fqn import KeyReport
+from inspector.analysis.health import stored_key
 from inspector.checkpoint import Checkpoint
 from inspector.formats.base import Step
 from inspector.keys.tree import KeyNode
@@ -23,10 +24,12 @@ from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.export import ExportPanel
 from inspector.ui.widgets.header import Header, HeaderActions
 from inspector.ui.widgets.markup import STYLE, note
+from inspector.ui.widgets.run import RunPanel
 from inspector.ui.widgets.tensor import TensorPanel
 from inspector.ui.widgets.tree import TreePanel
 
 TABS = ("Keys", "Compare", "Audit", "FQN check", "Export")
+RUN_TAB = "Run"  # after TABS, when the checkpoint belongs to a run folder
 
 
 def close_all(widget: w.Widget) -> None:
@@ -104,6 +107,12 @@ class Inspector(w.VBox):
             tuple(Step(s.name, s.number, s.location, s.location == step.location) for s in steps),
         )
 
+    def open_at(self, step: Step, name: str) -> None:
+        """Open a saved step and show the model parameter ``name`` in it (the Run tab)."""
+        self.open_step(step)
+        if self.ck is not None:
+            self.tree.select(stored_key(self.ck, name))
+
     def _open(self, location: str, run_steps: tuple[Step, ...]) -> None:
         self.opening.value = note(f"opening {location} ...")
         try:
@@ -143,10 +152,17 @@ class Inspector(w.VBox):
         tensor_bytes = self.header.summary.tensors.nbytes
         self.export = ExportPanel(ck, boxes["Export"], tensor_bytes, self.storage_options)
         self.doctor = DoctorPanel(ck, boxes["FQN check"], self._apply_rewrite)
-        panels = [self.tree, self.compare, self.audit, self.doctor, self.export]
+        panels: list[w.Widget] = [self.tree, self.compare, self.audit, self.doctor, self.export]
+        steps = self.run_steps or ck.steps
+        self.run: RunPanel | None = None
+        if steps:
+            boxes[RUN_TAB] = ErrorBox()
+            self.run = RunPanel(ck, steps, boxes[RUN_TAB], self.open_at, self.storage_options)
+            panels.append(self.run)
+        titles = (*TABS, RUN_TAB)[: len(panels)]
         self.tabs = w.Tab(
-            children=[w.VBox([boxes[t], p]) for t, p in zip(TABS, panels, strict=True)],
-            titles=TABS,
+            children=[w.VBox([boxes[t], p]) for t, p in zip(titles, panels, strict=True)],
+            titles=titles,
         )
         self.tabs.add_class("inspector-tabs")
         for finished in (

@@ -1,11 +1,12 @@
 """Training-run folders: a folder of saved steps (torchtitan ``step-N/``, torch_checkpointing
 ``step_N/``, Megatron ``iter_NNNNNNN/`` with ``latest_checkpointed_iteration.txt``, Hugging
-Face Trainer ``checkpoint-N/``) opens as its latest step, and says which it chose and which
-others exist (the source's ``steps``).
+Face Trainer ``checkpoint-N/``, DeepSpeed ``global_stepN/`` with its ``latest`` tag file)
+opens as its latest step, and says which it chose and which others exist (the source's
+``steps``).
 
-The latest is the one Megatron's tracker names, else the highest number. A step whose save
-did not finish is passed over for the one before it (noted); torch_checkpointing's
-uncommitted ``tmp_<name>/`` folders are never chosen.
+The latest is the one Megatron's tracker or DeepSpeed's tag file names, else the highest
+number. A step whose save did not finish is passed over for the one before it (noted);
+torch_checkpointing's uncommitted ``tmp_<name>/`` folders are never chosen.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 
 from inspector.errors import CheckpointFileMissingError, CorruptCheckpointError, UnfinishedSaveError
 from inspector.formats.base import Source, Step
+from inspector.formats.deepspeed.files import TAG_FILE, TAG_SCRIPTS
 from inspector.storage.base import Storage
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -24,6 +26,7 @@ STEP_DIRS = {
     "torch_checkpointing": re.compile(r"step_([0-9]+)"),
     "Megatron": re.compile(r"iter_([0-9]+)"),
     "Hugging Face Trainer": re.compile(r"checkpoint-([0-9]+)"),
+    "DeepSpeed": re.compile(r"global_step([0-9]+)"),
 }
 UNCOMMITTED = "tmp_"
 _MAX_TRACKER_BYTES = 64
@@ -43,7 +46,11 @@ def open_run(storage: Storage, open_step: Opener, open_here: Opener) -> Source |
     steps = _steps(dirs)
     pending = [d for d in dirs if d.startswith(UNCOMMITTED) and _steps([d[len(UNCOMMITTED) :]])]
     tracked = (TRACKER, "file") in listed
-    if not steps and not pending and not tracked:
+    tagged = (TAG_FILE, "file") in listed and (
+        any(n.startswith("global_step") for n in dirs)
+        or any((script, "file") in listed for script in TAG_SCRIPTS)
+    )
+    if not steps and not pending and not tracked and not tagged:
         return None
     notes = [f"ignored {d}/: a save that was never committed" for d in pending]
     files = [name for name, kind in listed if kind == "file" and name.endswith(_CHECKPOINT_FILES)]
@@ -54,6 +61,11 @@ def open_run(storage: Storage, open_step: Opener, open_here: Opener) -> Source |
     if tracked:
         chosen = _tracked(storage, steps)
         notes.insert(0, f"{TRACKER} names {chosen}/ as the latest step")
+        return _attached(open_step(storage.child(chosen)), storage, steps, chosen, notes)
+    if tagged:
+        chosen = _tagged(storage, dirs, steps)
+        notes.insert(0, f"{TAG_FILE} names {chosen}/ as the latest step")
+        steps = steps if chosen in {s for s, _ in steps} else [*steps, (chosen, None)]
         return _attached(open_step(storage.child(chosen)), storage, steps, chosen, notes)
     if not steps:
         raise UnfinishedSaveError(
@@ -98,6 +110,22 @@ def _tracked(storage: Storage, steps: list[tuple[str, int | None]]) -> str:
             file=label,
         )
     return name
+
+
+def _tagged(storage: Storage, dirs: list[str], steps: list[tuple[str, int | None]]) -> str:
+    """The folder DeepSpeed's tag file names (any tag; ``global_stepN`` by default)."""
+    label = storage.describe(TAG_FILE)
+    raw = storage.read(TAG_FILE, 0, min(storage.size(TAG_FILE), _MAX_TRACKER_BYTES + 1))
+    tag = raw.decode("utf-8", "replace").strip()
+    if not tag or len(raw) > _MAX_TRACKER_BYTES or "/" in tag or tag in (".", ".."):
+        raise CorruptCheckpointError(f"holds {tag[:40]!r}, not a step folder's name", file=label)
+    if tag not in dirs:
+        others = ", ".join(step for step, _ in steps) or "none"
+        raise CheckpointFileMissingError(
+            f"names the tag {tag!r}, but there is no {tag}/ folder (steps found: {others})",
+            file=label,
+        )
+    return tag
 
 
 def _latest(

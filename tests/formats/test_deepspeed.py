@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 import inspector
-from inspector.errors import CheckpointFileMissingError, CorruptCheckpointError
+from inspector.errors import CheckpointFileMissingError, CorruptCheckpointError, ExportError
+from inspector.formats.safe_pickle import Opaque
+from inspector.formats.safe_pickle.deepspeed import ZERO_STAGE_ENUM
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "deepspeed"
 STAGES = ("zero1", "zero2", "zero3")
@@ -76,7 +79,8 @@ def test_components_model_states_and_optimizer_partitions(stage: str) -> None:
     partitions = [ck.read(key.format(r)) for r in range(RANKS)]
     held = sum(p.numel() for p in partitions)
     assert all(p.dtype == torch.float32 for p in partitions)
-    assert sum(ck.entry(k).numel for k in model_keys(ck) if k != "lm_head.weight") <= held
+    trained = [k for k in model_keys(ck) if k not in ("lm_head.weight", "model.norm.weight")]
+    assert sum(ck.entry(k).numel for k in trained) <= held  # tied and frozen: not in them
     stage_value = ck.read_object("optimizer.rank0.optimizer_state_dict.zero_stage")
     assert stage_value.value == int(stage[-1])
     module = ck.read("module.model.layers.0.mlp.up_proj.weight")
@@ -87,6 +91,20 @@ def test_components_model_states_and_optimizer_partitions(stage: str) -> None:
         assert torch.equal(bits(module), bits(master.to(torch.bfloat16)))
     else:
         assert torch.equal(bits(module), bits(master))
+
+
+def test_one_file_opens_as_torch_save_with_deepspeeds_classes_inert() -> None:
+    """DeepSpeed's classes in its pickles: ZeroStageEnum a read-only enum record, the loss
+    scaler a placeholder (nothing of DeepSpeed is imported or built)."""
+    name = "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    ck = inspector.open(FIXTURES / "zero1" / STEP / name)
+    assert ck.format == "torch-save"
+    stage = ck.read_object("optimizer_state_dict.zero_stage")
+    assert (stage.cls, stage.name, stage.value) == (ZERO_STAGE_ENUM, "optimizer_states", 1)
+    scaler = ck.read_object("optimizer_state_dict.loss_scaler")
+    assert isinstance(scaler, Opaque)
+    assert scaler.global_name == "deepspeed.runtime.fp16.loss_scaler.LossScaler"
+    assert "deepspeed" not in sys.modules
 
 
 def test_zero2_partitions_concatenated_hold_the_weights_in_order() -> None:
@@ -120,19 +138,25 @@ def test_export_writes_the_fp32_weights(fmt: str, tmp_path: Path) -> None:
     assert all(torch.equal(bits(written[k]), bits(v)) for k, v in want.items())
 
 
-def test_hf_export_loads_in_transformers_with_the_oracles_logits(tmp_path: Path) -> None:
+def test_export_loads_in_transformers_with_the_oracles_logits(tmp_path: Path) -> None:
+    """The ZeRO-2 run's weights (HF names already: DeepSpeed trained a transformers Llama)
+    exported as model.safetensors beside its config.json load with from_pretrained, and give
+    the logits of a Llama holding DeepSpeed's own reconstruction (frozen norm and tied output
+    layer included). ``format="hf"`` says these keys need no renaming."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+    folder = tmp_path / "hf"
+    inspector.export(FIXTURES / "zero2", folder / "model.safetensors", progress=False)
+    shutil.copy(FIXTURES / "config.json", folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     config = json.loads((FIXTURES / "config.json").read_text())
-    inspector.export(
-        FIXTURES / "zero2", tmp_path / "hf", format="hf", hf_config=config, progress=False
-    )
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     reference = LlamaForCausalLM(LlamaConfig(**config)).eval()
     reference.load_state_dict(oracle("zero2"))
     ids = torch.tensor([[1, 5, 9, 36, 2]])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reference(ids).logits)
+    with pytest.raises(ExportError, match="already have HF names"):
+        inspector.export(FIXTURES / "zero2", tmp_path / "again", format="hf", progress=False)
 
 
 # --- bad input: an InspectorError naming the file and the key; the rest browsable ----------

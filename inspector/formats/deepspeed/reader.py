@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
 from inspector.entry import ChunkInfo, Entry
-from inspector.errors import CorruptCheckpointError, InspectorError
+from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
 from inspector.formats.base import ChunkValue, Step, StoredRecord, bytes_view
 from inspector.formats.deepspeed import files as ds_files
 from inspector.formats.deepspeed.zero import (
@@ -358,11 +358,17 @@ class DeepSpeedSource:
         dest.copy_(self._stored(piece).reshape(-1)[piece.start : piece.start + dest.numel()])
 
     def _stored(self, piece: Slice) -> torch.Tensor:
-        from inspector.tensors.convert import to_plain
+        import torch
 
         entry = self._entry(piece)
-        label = self.storage.describe(piece.file)
-        return to_plain(self._source(piece.file).read_chunk(entry, 0), file=label, key=entry.key)
+        value = self._source(piece.file).read_chunk(entry, 0)
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedError(
+                "a tensor subclass where DeepSpeed saves a plain tensor",
+                file=self.storage.describe(piece.file),
+                key=entry.key,
+            )
+        return value
 
     def _source(self, name: str) -> TorchSaveSource:
         source = self._files[name]

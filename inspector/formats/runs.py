@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from inspector.errors import CheckpointFileMissingError, CorruptCheckpointError, UnfinishedSaveError
 from inspector.formats.base import Source, Step
-from inspector.formats.deepspeed.files import TAG_FILE, TAG_SCRIPTS
+from inspector.formats.deepspeed.files import TAG_FILE
 from inspector.storage.base import Storage
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -46,10 +46,7 @@ def open_run(storage: Storage, open_step: Opener, open_here: Opener) -> Source |
     steps = _steps(dirs)
     pending = [d for d in dirs if d.startswith(UNCOMMITTED) and _steps([d[len(UNCOMMITTED) :]])]
     tracked = (TRACKER, "file") in listed
-    tagged = (TAG_FILE, "file") in listed and (
-        any(n.startswith("global_step") for n in dirs)
-        or any((script, "file") in listed for script in TAG_SCRIPTS)
-    )
+    tagged = (TAG_FILE, "file") in listed and any(n.startswith("global_step") for n in dirs)
     if not steps and not pending and not tracked and not tagged:
         return None
     notes = [f"ignored {d}/: a save that was never committed" for d in pending]

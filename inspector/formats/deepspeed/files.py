@@ -11,8 +11,6 @@ from inspector.formats.torch_archive import TorchArchive
 from inspector.storage.base import Storage
 
 TAG_FILE = "latest"  # the run folder's file naming the latest tag (step folder)
-# DeepSpeed copies its conversion script beside the tags (renamed in 0.19).
-TAG_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 # Stage 0-2: ``mp_rank_00_model_states.pt``; stage 3: one per rank,
 # ``zero_pp_rank_R_mp_rank_00_model_states.pt``.
 MODEL_STATES = re.compile(r"(?:zero_pp_rank_([0-9]+)_)?mp_rank_([0-9]+)_model_states\.pt")

@@ -26,12 +26,13 @@ print("@@" + json.dumps({"wall": end - start, "work": end - marks[-1],
 """
 
 
-def measure(snippet: str, *args: str) -> dict[str, float]:
+def measure(snippet: str, *args: str, python: str = sys.executable) -> dict[str, float]:
     """``{"wall": s, "work": s, "peak": bytes, "torch": imported?}`` of ``snippet`` run by
     ``python -c`` (imports included in "wall"; "work" counts from the snippet's last call of
-    ``imported()``, or equals "wall"). The snippet sees ``args`` as ``sys.argv[2:]``."""
+    ``imported()``, or equals "wall"). The snippet sees ``args`` as ``sys.argv[2:]``;
+    ``python``: another interpreter (a producer's virtualenv)."""
     done = subprocess.run(
-        [sys.executable, "-c", _WRAPPER, snippet, *args],
+        [python, "-c", _WRAPPER, snippet, *args],
         capture_output=True,
         text=True,
         check=False,

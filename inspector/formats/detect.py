@@ -20,6 +20,7 @@ from inspector.formats.base import Source
 from inspector.formats.bundle import BundleSource, component_files
 from inspector.formats.compressed_tensors import logical_weights as logical_weights
 from inspector.formats.dcp import reader as dcp
+from inspector.formats.deepspeed import DeepSpeedSource, looks_like_deepspeed
 from inspector.formats.hf_sharded import ShardedSource
 from inspector.formats.runs import open_run
 from inspector.formats.safetensors import SafetensorsSource, looks_like_safetensors
@@ -49,6 +50,8 @@ def open_source(storage: Storage, name: str = "") -> Source:
             return bundle
         if looks_like_torch_checkpointing(storage):
             return TorchCheckpointingSource(storage)
+        if looks_like_deepspeed(storage):
+            return DeepSpeedSource(storage)
         return open_run(storage, open_source, open_folder) or open_folder(storage)
     if storage.kind(name) == "dir":
         return open_source(storage.child(name))

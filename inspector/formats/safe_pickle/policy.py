@@ -19,7 +19,7 @@ from typing import Any
 
 from inspector import dtypes
 from inspector.formats.dcp import metadata as dcp_metadata
-from inspector.formats.safe_pickle import budget, dtensor, stdlib
+from inspector.formats.safe_pickle import budget, deepspeed, dtensor, stdlib
 from inspector.formats.safe_pickle.records import (
     PARAMETER,
     TENSOR,
@@ -491,7 +491,7 @@ _DATA_GLOBALS: dict[tuple[str, str], Any] = {
     ),
     **_allowed("torch.serialization", {"_get_layout": _get_layout}),
 }
-_DATA_GLOBALS |= dtensor.GLOBALS | stdlib.GLOBALS
+_DATA_GLOBALS |= dtensor.GLOBALS | stdlib.GLOBALS | deepspeed.GLOBALS
 for _module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray"):
     _DATA_GLOBALS |= {
         (_module, "ndarray"): NumpyArray,

@@ -10,7 +10,6 @@ from typing import Any
 from inspector.formats.torch_archive import TorchArchive
 from inspector.storage.base import Storage
 
-TAG_FILE = "latest"  # the run folder's file naming the latest tag (step folder)
 # Stage 0-2: ``mp_rank_00_model_states.pt``; stage 3: one per rank,
 # ``zero_pp_rank_R_mp_rank_00_model_states.pt``.
 MODEL_STATES = re.compile(r"(?:zero_pp_rank_([0-9]+)_)?mp_rank_([0-9]+)_model_states\.pt")

@@ -51,13 +51,13 @@ def engine(workers: int, distributed: bool, planned: Sequence[Planned], plan: Pl
     if distributed:
         return Ranks(planned)
     try:
-        pickle.dumps(plan)
+        sent = pickle.dumps(plan)
     except Exception as exc:
         raise UsageError(
             f"workers={workers} needs options other processes can receive ({exc}); "
             "give rename as a mapping or a module-level function"
         ) from None
-    return Workers(workers)
+    return Workers(workers, with_main=b"__main__" in sent)
 
 
 def write_safetensors(

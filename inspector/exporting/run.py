@@ -81,11 +81,11 @@ def export(
 
     Options are the fields of :class:`~inspector.exporting.request.ExportRequest`, checked
     before anything is opened (an unknown or invalid one is a UsageError naming it).
-    ``workers``: processes that write the plan (from a fork server: call from under
-    ``if __name__ == "__main__":`` in a script); the output is byte-identical to
-    ``workers=1``. ``distributed``: this process is one torchrun rank and every rank runs
-    this same call (``ckpt-inspect export`` sets it under torchrun); each writes its share,
-    rank 0 the index (see :mod:`inspector.exporting.parallel`).
+    ``workers``: processes that write the plan (from a fork server; they do not re-run a
+    script's ``__main__``); the output is byte-identical to ``workers=1``.
+    ``distributed``: this process is one torchrun rank and every rank runs this same call
+    (``ckpt-inspect export`` sets it under torchrun); each writes its share, rank 0 the
+    index (see :mod:`inspector.exporting.parallel`).
     """
     return run(ExportRequest.build(ck_or_path, out, format=format, **options))
 

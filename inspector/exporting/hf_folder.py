@@ -14,7 +14,6 @@ the weights say otherwise), with the advice to pass ``tie_word_embeddings=False`
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,6 +28,7 @@ from inspector.exporting.model_weights import (
     ModelWeights,
     asset_files,
     compare_tied,
+    copy_asset,
     load_config,
     refuse_overlap,
 )
@@ -74,7 +74,7 @@ def export_hf(request: ExportRequest) -> ExportResult:
             )
             files.temp_for(out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
             for asset in assets:
-                shutil.copyfile(asset, files.temp_for(out / asset.name))
+                copy_asset(asset, files.temp_for(out / asset.name))
             written = files.commit()
     finally:
         meter.close()

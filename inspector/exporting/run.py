@@ -36,7 +36,7 @@ from inspector.exporting.shares import TensorPlan
 from inspector.exporting.verify import Verification
 from inspector.formats.safetensors import index_text, safetensors_dtype, write_safetensors
 from inspector.formats.writing import Item
-from inspector.storage.local import atomic_files
+from inspector.storage.local import atomic_files, new_folder
 from inspector.version import __version__
 
 if TYPE_CHECKING:
@@ -158,7 +158,8 @@ def export_tensors(request: ExportRequest) -> ExportResult:
         shown = getattr(job.engine, "rank", 0) == 0
         meter = request.meter(sum(p.item.nbytes for p in job.planned), shown=shown)
         try:
-            written = _write(job, meter)
+            with new_folder(_folder(request)):  # a failed export leaves no folder either
+                written = _write(job, meter)
         finally:
             meter.close()
         kept = [p for p in job.planned if p.item.name in written.crcs]
@@ -176,6 +177,12 @@ def export_tensors(request: ExportRequest) -> ExportResult:
         seconds=time.perf_counter() - started,
         verification=verification,
     )
+
+
+def _folder(request: ExportRequest) -> Path:
+    """The folder the files go into: the target, or the folder of a target file."""
+    single_file = request.out.suffix == ".safetensors" or request.format == "pt"
+    return request.out.parent if single_file else request.out
 
 
 @contextlib.contextmanager

@@ -137,6 +137,48 @@ def _all_imports(path: Path) -> set[str]:
     return names
 
 
+# The package's face: it loads the public API lazily by module name (a string) and imports
+# it only for type checkers, so the app's ``import inspector`` closes no real circle.
+FACADE = ("inspector",)
+
+
+def import_circles(modules: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles among ``modules`` (name -> the inspector modules it imports), each
+    as the path that closes it; a package counts as importing its ``__init__``'s imports."""
+    circles, state = [], dict.fromkeys(modules, 0)  # 0 new, 1 on the path, 2 done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for other in sorted(modules[name]):
+            if state.get(other) == 1:
+                circles.append([*path[path.index(other):], other])
+            elif state.get(other) == 0:
+                visit(other, [*path, other])
+        state[name] = 2
+
+    for name in modules:
+        if state[name] == 0:
+            visit(name, [name])
+    return circles
+
+
+def test_no_import_circle_inside_a_layer() -> None:
+    """Within a layer, imports form no circle (function-level and type-checking ones
+    included), so each layer's modules read from the bottom up."""
+    names = {module_name(p): p for p in MODULES if module_name(p) not in FACADE}
+    modules = {
+        me: {o for o in imports(path) if o in names and o != me and layer_of(o) == layer_of(me)}
+        for me, path in names.items()
+    }
+    assert import_circles(modules) == []
+
+
+def test_an_import_circle_is_caught() -> None:
+    """The check itself can fail: run -> hf_folder -> run is a circle."""
+    modules = {"a.run": {"a.hf_folder", "a.base"}, "a.hf_folder": {"a.run"}, "a.base": set()}
+    assert import_circles(modules) == [["a.run", "a.hf_folder", "a.run"]]
+
+
 def test_an_upward_import_is_caught(tmp_path: Path) -> None:
     """The check itself can fail: a formats module importing the checkpoint is upward."""
     bad = PACKAGE / "formats" / "base.py"

@@ -9,61 +9,46 @@ the result; it is re-read and compared chunk by chunk before the export returns.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inspector.exporting.model_weights import HfConfig, ModelWeights, load_config, refuse_overlap
-from inspector.exporting.run import ExportResult, Meter, Progress, refuse_inside_source
+from inspector.exporting.base import ExportResult, Meter, refuse_inside_source
+from inspector.exporting.model_weights import ModelWeights, load_config, refuse_overlap
 from inspector.exporting.verify import Verification
 from inspector.formats.base import bytes_view
 from inspector.formats.dcp.writer import Chunk, write_dcp
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from inspector.checkpoint import Checkpoint
+    from inspector.exporting.request import ExportRequest
 
 
-def export_dcp(
-    ck: Checkpoint,
-    out: Path,
-    *,
-    arch: str,
-    naming: str,
-    hf_config: HfConfig,
-    hf_assets: str | os.PathLike | None,
-    dtype: str | None,
-    fp8: str,
-    overwrite: bool,
-    verify: bool,
-    progress: bool,
-    on_progress: Callable[[Progress], None] | None,
-) -> ExportResult:
-    """Write ``ck``'s HF-named weights as a torchtitan DCP folder ``out``."""
+def export_dcp(request: ExportRequest) -> ExportResult:
+    """Write the request's HF-named weights as a torchtitan DCP folder."""
     from inspector.exporting import hf
 
     started = time.perf_counter()
+    ck, out, naming = request.open(), request.out, request.naming or "torchtitan"
     refuse_inside_source(ck, out)
-    refuse_overlap(out, {"hf_assets": hf_assets})
-    weights = ModelWeights(ck, fp8, dtype)
-    config = load_config(hf_config, hf_assets, ck)
-    found = hf.from_hf(weights.metas(), config, arch, naming)
+    refuse_overlap(out, {"hf_assets": request.hf_assets})
+    weights = ModelWeights(ck, request.fp8, request.dtype)
+    config = load_config(request.hf_config, request.hf_assets, ck)
+    found = hf.from_hf(weights.metas(), config, request.arch or "auto", naming)
     chunks = [
         Chunk(o.name, weights.item(o), o.offsets or (0,) * len(o.shape), o.full_shape or o.shape)
         for o in found.outputs
     ]
     total = sum(c.item.nbytes for c in chunks)
-    meter = Meter(total, progress, on_progress)
+    meter = request.meter(total)
     try:
-        files = write_dcp(out, chunks, meter, overwrite)
+        files = write_dcp(out, chunks, meter, request.overwrite)
     finally:
         meter.close()
         weights.release()
     verification = None
-    if verify:
-        checker = Meter(total, progress, on_progress, "verify")
+    if request.verify:
+        checker = request.meter(total, "verify")
         try:
             verification = _verify(out, chunks, checker)
         finally:

@@ -14,8 +14,6 @@ the weights say otherwise), with the advice to pass ``tie_word_embeddings=False`
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,54 +22,40 @@ from typing import TYPE_CHECKING
 from inspector import dtypes
 from inspector.exporting import plan as planning
 from inspector.exporting import verify as checking
+from inspector.exporting.base import ExportResult, Meter, refuse_inside_source
 from inspector.exporting.model_weights import (
     CONFIG_NAME,
-    HfConfig,
     ModelWeights,
     asset_files,
     compare_tied,
+    copy_asset,
     load_config,
     refuse_overlap,
 )
 from inspector.exporting.plan import INDEX_NAME, Planned
-from inspector.exporting.run import ExportResult, Meter, Progress, refuse_inside_source
 from inspector.formats.safetensors import index_text, safetensors_dtype, write_safetensors
 from inspector.formats.writing import Item
 from inspector.storage.local import AtomicFiles, atomic_files, new_folder
 from inspector.version import __version__
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from inspector.checkpoint import Checkpoint
+    from inspector.exporting.request import ExportRequest
 
 
-def export_hf(
-    ck: Checkpoint,
-    out: Path,
-    *,
-    arch: str,
-    hf_config: HfConfig,
-    hf_assets: str | os.PathLike | None,
-    dtype: str | None,
-    fp8: str,
-    max_shard_size: int | str,
-    overwrite: bool,
-    verify: bool,
-    progress: bool,
-    on_progress: Callable[[Progress], None] | None,
-) -> ExportResult:
-    """Write ``ck``'s model as an HF folder ``out`` (see :func:`inspector.export`)."""
+def export_hf(request: ExportRequest) -> ExportResult:
+    """Write the request's model as an HF folder (see :func:`inspector.export`)."""
     from inspector.exporting import hf
 
     started = time.perf_counter()
+    ck, out = request.open(), request.out
     refuse_inside_source(ck, out)
-    refuse_overlap(out, {"hf_assets": hf_assets})
-    limit = planning.parse_size(max_shard_size)
-    weights = ModelWeights(ck, fp8, dtype)
-    found = hf.to_hf(weights.metas(), load_config(hf_config, hf_assets), arch)
+    refuse_overlap(out, {"hf_assets": request.hf_assets})
+    weights = ModelWeights(ck, request.fp8, request.dtype)
+    config = load_config(request.hf_config, request.hf_assets)
+    found = hf.to_hf(weights.metas(), config, request.arch or "auto")
     compare_tied(weights, found.must_equal)
-    assets = asset_files(hf_assets)
+    assets = asset_files(request.hf_assets)
     planned = [
         Planned(weights.item(o), weights.stored(o.source), (o.name,), weights.conversion(o))
         for o in found.outputs
@@ -80,23 +64,24 @@ def export_hf(
     for item in items:
         safetensors_dtype(item.dtype, item.name)
     config = with_dtype(found.config, items)
-    meter = Meter(sum(i.nbytes for i in items), progress, on_progress)
+    meter = request.meter(sum(i.nbytes for i in items))
     before = checking.SourceState(ck)
     try:
-        with new_folder(out), atomic_files(out, overwrite) as files:
+        with new_folder(out), atomic_files(out, request.overwrite) as files:
+            metadata = _metadata(ck, found.arch)
             index, crcs = _write_shards(
-                files, out, items, limit, _metadata(ck, found.arch), meter, verify
+                files, out, items, request.shard_limit, metadata, meter, request.verify
             )
             files.temp_for(out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
             for asset in assets:
-                shutil.copyfile(asset, files.temp_for(out / asset.name))
+                copy_asset(asset, files.temp_for(out / asset.name))
             written = files.commit()
     finally:
         meter.close()
         weights.release()
     verification = None
-    if verify:
-        checker = Meter(sum(i.nbytes for i in items), progress, on_progress, "verify")
+    if request.verify:
+        checker = request.meter(sum(i.nbytes for i in items), "verify")
         try:
             target = index or out / planning.shard_names(1)[0]
             verification = checking.verify(target, planned, False, checker, crcs, before)

@@ -9,9 +9,11 @@ import functools
 import json
 import os
 import posixpath
+import shutil
+import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from inspector import dtypes
 from inspector.errors import ExportError, UsageError
@@ -196,7 +198,8 @@ def _source_config(ck: Checkpoint) -> dict | None:
 
 def _read_config(path: Path, argument: str) -> dict:
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        text = read_regular(path, argument, _MAX_CONFIG_BYTES).decode("utf-8")
+        config = json.loads(text)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ExportError(f"cannot read {argument} ({exc})", file=path) from None
     if not isinstance(config, dict):
@@ -208,18 +211,61 @@ def asset_files(folder: str | os.PathLike | None) -> list[Path]:
     """The files of ``hf_assets`` an HF folder takes along as they are (tokenizer, generation
     config, chat template, README, ...): every top-level file except weights, their index,
     config.json (written from the checked config) and hidden files (checked to be a folder
-    by :func:`load_config`)."""
+    by :func:`load_config`). An assets folder is often an untrusted download: an entry that
+    links out of it, or is no regular file (a FIFO, a device), is refused by name."""
     if folder is None:
         return []
-    root = Path(folder).expanduser()
-    return sorted(
-        p
-        for p in root.iterdir()
-        if p.is_file()
-        and p.name != CONFIG_NAME
-        and not p.name.startswith(".")
-        and not p.name.endswith(WEIGHT_SUFFIXES)
-    )
+    root = Path(folder).expanduser().resolve()
+    found = []
+    for path in sorted(root.iterdir()):
+        if path.name == CONFIG_NAME or path.name.startswith(".") or path.name.endswith(
+            WEIGHT_SUFFIXES
+        ):
+            continue
+        try:
+            real = path.resolve(strict=True)
+            mode = real.stat().st_mode
+        except (OSError, RuntimeError) as exc:
+            raise ExportError(f"hf_assets entry cannot be read ({exc})", file=path) from None
+        if root not in real.parents:
+            raise ExportError(f"hf_assets entry links outside hf_assets, to {real}", file=path)
+        if stat.S_ISREG(mode):
+            found.append(path)
+        elif not stat.S_ISDIR(mode):
+            raise ExportError("hf_assets entry is not a regular file", file=path)
+    return found
+
+
+def copy_asset(asset: Path, target: Path) -> None:
+    """Copy an entry of :func:`asset_files` to ``target``, opened so that a FIFO, device or
+    link swapped in since it was listed is refused, not followed or waited on."""
+    with _opened_regular(asset, "hf_assets entry") as source, open(target, "wb") as out:
+        shutil.copyfileobj(source, out, 1 << 20)
+
+
+def read_regular(path: Path, argument: str, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` (links inside the path are followed; the file
+    must be a regular one, at most ``limit`` bytes)."""
+    with _opened_regular(path, argument) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ExportError(f"{argument} is larger than {limit} bytes", file=path)
+    return data
+
+
+def _opened_regular(path: Path, argument: str) -> BinaryIO:
+    real = path.resolve()
+    if real.parts[1:2] in (("proc",), ("sys",)):
+        raise ExportError(f"{argument} is a kernel file ({real}), not a regular file", file=path)
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ExportError(f"cannot read {argument} ({exc.strerror})", file=path) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ExportError(f"{argument} is not a regular file", file=path)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def refuse_overlap(out: Path, folders: Mapping[str, str | os.PathLike | None]) -> None:

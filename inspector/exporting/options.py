@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
 from inspector.errors import InspectorError
+from inspector.exporting.base import ExportResult, Progress
 from inspector.exporting.fp8 import FP8_MODES
 from inspector.exporting.plan import (
     DEFAULT_SHARD_SIZE,
@@ -23,7 +24,7 @@ from inspector.exporting.plan import (
     check_choice,
     parse_size,
 )
-from inspector.exporting.run import ExportResult, Progress, export
+from inspector.exporting.run import export
 from inspector.keys.spellings import view_key
 from inspector.storage.remote import is_url
 

@@ -42,45 +42,41 @@ from inspector.formats.safetensors import header_bytes, index_text
 from inspector.storage.local import AtomicFiles, atomic_files
 
 if TYPE_CHECKING:
+    from inspector.exporting.request import ExportRequest
     from inspector.formats.writing import Item
 
 
 def engine(workers: int, distributed: bool, planned: Sequence[Planned], plan: Plan) -> Engine:
     """The processes that write ``plan``: torchrun's ranks, or ``workers`` local ones."""
-    if workers < 1:
-        raise UsageError(f"workers must be at least 1, got {workers}")
     if distributed:
         return Ranks(planned)
     try:
-        pickle.dumps(plan)
+        sent = pickle.dumps(plan)
     except Exception as exc:
         raise UsageError(
             f"workers={workers} needs options other processes can receive ({exc}); "
             "give rename as a mapping or a module-level function"
         ) from None
-    return Workers(workers)
+    return Workers(workers, with_main=b"__main__" in sent)
 
 
 def write_safetensors(
     engine: Engine,
     plan: Plan,
+    request: ExportRequest,
     folder: Path,
     single_name: str,
     items: list[Item],
     metadata: dict[str, str],
-    limit: int,
-    overwrite: bool,
-    on_error: str,
     skipped: dict[str, str],
     meter: Meter,
-    checksums: bool,
-    extra: Callable[[AtomicFiles], None] | None = None,
 ) -> tuple[list[Path], Path | None, dict[str, int]]:
     """The shards (or the one file ``single_name``) and index, as the one-process writer
-    lays them out; ``extra`` adds files (on the leader) to commit with them. Returns the
-    files, the index and each written item's CRC-32 by name (0 without ``checksums``)."""
-    shards = planning.plan_shards(items, limit)
-    with atomic_files(folder, overwrite) as files:
+    lays them out. Returns the files, the index and each written item's CRC-32 by name (0
+    without ``request.verify``)."""
+    shards = planning.plan_shards(items, request.shard_limit)
+    checksums, on_error = request.verify, request.on_error
+    with atomic_files(folder, request.overwrite) as files:
         if len(shards) == 1:
             final = folder / single_name
 
@@ -109,8 +105,6 @@ def write_safetensors(
                 index = folder / INDEX_NAME
                 total = sum(i.nbytes for i in items if i.name in names)
                 files.temp_for(index).write_text(index_text(names, total))
-            if extra is not None:
-                extra(files)
             return files.commit(), index
 
         written_files, index = engine.leader(finish)
@@ -186,18 +180,17 @@ def _filled(
 def write_pt(
     engine: Engine,
     plan: Plan,
-    out: Path,
+    request: ExportRequest,
     structure: Callable[[list[Item]], Any],
     items: list[Item],
-    overwrite: bool,
-    on_error: str,
     skipped: dict[str, str],
     meter: Meter,
 ) -> tuple[list[Path], dict[str, int]]:
-    """The .pt ``out`` holding ``structure(items)``; returns it and each item's CRC-32."""
+    """The .pt ``request.out`` holding ``structure(items)``; returns it and each item's CRC-32."""
     from inspector.formats.torch_save.writer import reserve_torch_save, set_torch_save_crcs
 
-    with atomic_files(out.parent, overwrite) as files:
+    out, on_error = request.out, request.on_error
+    with atomic_files(out.parent, request.overwrite) as files:
 
         def lay_out(items: list[Item]) -> list[list[Task]]:
             out.parent.mkdir(parents=True, exist_ok=True)

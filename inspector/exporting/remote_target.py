@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from inspector.errors import ExportError, InspectorError
 from inspector.exporting.plan import INDEX_NAME
@@ -25,7 +25,8 @@ from inspector.storage.remote import RemoteStorage, display_url
 
 if TYPE_CHECKING:
     from inspector.checkpoint import Checkpoint
-    from inspector.exporting.run import ExportResult
+    from inspector.exporting.base import ExportResult
+    from inspector.exporting.request import ExportRequest
 
 # A target URL ending so names one output file; any other names a folder.
 FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
@@ -34,20 +35,20 @@ LIKELY_NAMES = ("model.safetensors", INDEX_NAME)
 
 
 def export_to_url(
-    ck: Checkpoint,
-    url: str,
-    storage_options: Mapping[str, Any] | None,
-    overwrite: bool,
-    write_locally: Callable[[Path], ExportResult],
+    request: ExportRequest, write: Callable[[ExportRequest], ExportResult]
 ) -> ExportResult:
-    """``write_locally(path)`` into a temporary folder, then upload what it wrote to ``url``."""
-    target = RemoteStorage(url.rstrip("/"), storage_options)
+    """``write`` the request into a temporary folder, then upload what it wrote to its URL."""
+    ck, overwrite = request.open(), request.overwrite
+    options = request.target_options
+    if options is None:
+        options = request.storage_options
+    target = RemoteStorage(str(request.target).rstrip("/"), options)
     single = PurePosixPath(target.basename).suffix in FILE_SUFFIXES
     folder = target.parent() if single else target
     _refuse_inside_source(ck, target.location, [folder.describe(n) for n in LIKELY_NAMES])
     with tempfile.TemporaryDirectory(prefix="inspector-export-") as tmp:
         local = Path(tmp) / target.basename
-        result = write_locally(local)
+        result = write(request.locally(ck, local))
         root = local.parent if single else local
         written = [Path(p) for p in result.files]
         index = Path(result.index) if result.index is not None else None

@@ -26,6 +26,7 @@ from inspector.storage.writeback import durable
 if TYPE_CHECKING:
     from inspector.checkpoint import Checkpoint
     from inspector.exporting.plan import Planned
+    from inspector.exporting.request import ExportRequest
     from inspector.storage.base import Storage
 
 ItemRef = tuple[str, str, tuple[int, ...]]  # (name, dtype, shape): how a task names an item
@@ -68,6 +69,14 @@ class TensorPlan:
     rename: Any
     on_error: str
     tensors_only: bool
+
+    @classmethod
+    def of(cls, ck: Checkpoint, request: ExportRequest) -> TensorPlan:
+        return cls(
+            SourceRef.of(ck), request.model_only, request.include, request.exclude, request.fp8,
+            request.dtype, request.flatten, request.rename, request.on_error,
+            request.format != "pt",
+        )
 
     def make(self, ck: Checkpoint) -> tuple[list[Planned], dict[str, str], list[str]]:
         """(planned tensors, keys left out and why, object keys): the export's whole plan."""
@@ -274,7 +283,7 @@ def _run(task: Task, planned: dict[str, Planned], progress: Progress) -> Done:
 
 
 def _write_file(task: FileTask, items: list[Item], progress: Progress) -> Done:
-    from inspector.exporting.run import retrying
+    from inspector.exporting.base import retrying
     from inspector.formats.safetensors import write_safetensors
 
     done = Done(task)
@@ -291,7 +300,7 @@ def _write_file(task: FileTask, items: list[Item], progress: Progress) -> Done:
 
 def _item(planned: dict[str, Planned], item_ref: ItemRef) -> Item:
     """The planned item ``item_ref`` names, refused when this process planned it otherwise."""
-    from inspector.exporting.run import keyed
+    from inspector.exporting.base import keyed
 
     found = planned.get(item_ref[0])
     if found is None or ref(found.item) != item_ref:

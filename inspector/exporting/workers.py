@@ -9,20 +9,30 @@ only after every process stopped writing.
 Local workers are started by a fork server that imported torch once (the "forkserver"
 context), never forked from the caller: the caller's torch threads and fsspec clients are
 not fork-safe, while the server has only imported modules. Starting a worker costs a fork,
-not a fresh ``import torch`` (about 2 s each on a busy 2-core machine). They report each
+not a fresh ``import torch`` (about 2 s each on a busy 2-core machine). A worker does not
+import the caller's ``__main__`` (multiprocessing would re-run a script's top level in it)
+unless the plan refers to it (a ``rename`` function defined there). They report each
 written tensor on a queue, so the parent shows one bar, and stop at the next tensor once
-another worker failed.
+another worker failed; a worker's death is reported with its cause (signal, exit code, the
+OOM killer when the cgroup counted a kill).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import queue
-from collections.abc import Callable, Sequence
+import signal
+import sys
+import types
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import context as mp_context
+from multiprocessing import popen_forkserver
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from inspector.errors import ExportError, InspectorError
@@ -74,15 +84,49 @@ def _share(plan: Plan, tasks: Sequence[Task]) -> list[Done]:
     return run_share(plan, tasks, _report)
 
 
-class Workers:
-    """``size`` worker processes from the fork server, started once and reused for every step."""
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """``__main__`` as a bare module while a worker is launched, so the preparation data
+    multiprocessing sends it names no main module to import (and re-run)."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
-    def __init__(self, size: int) -> None:
+
+class _PopenWithoutMain(popen_forkserver.Popen):
+    def _launch(self, process_obj: Any) -> None:
+        with _main_hidden():
+            super()._launch(process_obj)  # type: ignore[misc]  # typeshed omits it
+
+
+class _ProcessWithoutMain(mp_context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        return _PopenWithoutMain(process_obj)
+
+
+class _ContextWithoutMain(mp_context.ForkServerContext):
+    """The fork server's context, whose processes do not import the caller's ``__main__``."""
+
+    Process = _ProcessWithoutMain
+
+
+class Workers:
+    """``size`` worker processes from the fork server, started once and reused for every step;
+    ``with_main``: they import the caller's ``__main__`` (the plan refers to it)."""
+
+    def __init__(self, size: int, with_main: bool = False) -> None:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["torch", "inspector.exporting.shares"])
+        if not with_main:
+            context = _ContextWithoutMain()
         self.size = size
         self._events = context.Queue()
         self._abort = context.Event()
+        self._oom_kills = _oom_kills()
         self._pool = ProcessPoolExecutor(
             size, mp_context=context, initializer=_started, initargs=(self._events, self._abort)
         )
@@ -103,7 +147,7 @@ class Workers:
             concurrent.futures.wait(futures)
             raise
         self._drain(meter, timeout=0.05)  # the last reports may trail the results
-        error = _first_error(futures)
+        error = _first_error(futures, self._death)
         if error is not None:
             raise error
         return [done for f in futures for done in f.result()]
@@ -122,13 +166,49 @@ class Workers:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._events.close()
 
+    def _death(self) -> str:
+        """Why a worker died: its signal or exit code (the SIGTERM the pool then sends the
+        others is not the cause when there is another)."""
+        processes = list((getattr(self._pool, "_processes", None) or {}).values())
+        for process in processes:
+            process.join(1)
+        codes = {p.exitcode for p in processes if p.exitcode not in (None, 0)}
+        if len(codes) > 1:
+            codes.discard(-signal.SIGTERM)
+        causes = [_cause(code) for code in sorted(codes)] or ["it ended without an exit status"]
+        if _oom_kills() > self._oom_kills:
+            causes.append("the kernel's OOM killer ended a process: out of memory")
+        return "; ".join(causes)
 
-def _first_error(futures: list[Future]) -> BaseException | None:
-    """The first real failure (a cancelled worker's is only its echo)."""
+
+def _cause(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+def _oom_kills() -> int:
+    """The OOM kills counted in this process's cgroup (v2), or 0 where it cannot be read."""
+    try:
+        for line in Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
+            name, _, count = line.partition(" ")
+            if name == "oom_kill":
+                return int(count)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _first_error(futures: list[Future], death: Callable[[], str]) -> BaseException | None:
+    """The first real failure (a cancelled worker's is only its echo); a dead worker is
+    reported with ``death()``, its cause."""
     errors = [f.exception() for f in futures if f.exception() is not None]
     for error in errors:
         if isinstance(error, BrokenProcessPool):
-            return ExportError(f"a worker process died ({error}); killed for memory?")
+            return ExportError(f"a worker process died: {death()}")
     real = [e for e in errors if not isinstance(e, Cancelled)]
     return real[0] if real else (errors[0] if errors else None)
 

@@ -7,14 +7,13 @@ import json
 import os
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import inspector
 from inspector.errors import InspectorError
-from inspector.exporting.fp8 import FP8_MODES
-from inspector.exporting.plan import ARCHITECTURE_NAMES, DEFAULT_SHARD_SIZE, EXPORT_FORMATS
-from inspector.keys.generations import GENERATIONS
+from inspector.exporting.request import OPTIONS
 from inspector.keys.spellings import VIEWS
 from inspector.storage.remote import display_url, is_url
 from inspector.ui.views.text import human_bytes, shape_text, value_text
@@ -266,29 +265,14 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    options = {o.name: getattr(args, o.name) for o in OPTIONS}
     result = inspector.export(
         args.path,
         args.out,
-        format=args.format,
-        dtype=args.dtype or None,
-        fp8=args.fp8,
-        model_only=not args.all_components,
-        flatten=not args.keep_prefix,
-        nested=args.nested,
-        include=args.include,
-        exclude=args.exclude,
-        arch=args.arch,
-        naming=args.naming,
-        hf_config=args.hf_config,
-        hf_assets=args.hf_assets,
-        max_shard_size=args.max_shard_size,
-        overwrite=args.overwrite,
-        verify=not args.no_verify,
-        on_error="skip" if args.skip_unreadable else "fail",
+        **options | {"dtype": args.dtype or None},
         progress=sys.stderr.isatty(),
         storage_options=args.storage_options,
         target_options=args.target_options,
-        workers=args.workers,
         distributed=int(os.environ.get("WORLD_SIZE", "1")) > 1,  # under torchrun
     )
     if int(os.environ.get("RANK", "0")) == 0:
@@ -311,19 +295,6 @@ def parse_option(text: str) -> tuple[str, Any]:
         return key.strip(), json.loads(value)
     except ValueError:
         return key.strip(), value
-
-
-def _options_argument(parser: argparse.ArgumentParser, flag: str, dest: str, what: str) -> None:
-    parser.add_argument(
-        flag,
-        dest=dest,
-        action=_CollectOptions,
-        type=parse_option,
-        default=None,
-        metavar="KEY=VALUE",
-        help=f"fsspec storage option for {what} (repeatable), e.g. "
-        "endpoint_url=http://127.0.0.1:9000 or anon=true",
-    )
 
 
 class _CollectOptions(argparse.Action):
@@ -390,172 +361,183 @@ def _print_keys(title: str, keys: list[str], limit: int) -> None:
             print(f"  ... {len(keys) - limit} more")
 
 
+def _options(dest: str, what: str) -> dict[str, Any]:
+    """``add_argument``'s keywords for repeated ``KEY=VALUE`` fsspec options."""
+    return {
+        "dest": dest,
+        "action": _CollectOptions,
+        "type": parse_option,
+        "default": None,
+        "metavar": "KEY=VALUE",
+        "help": f"fsspec storage option for {what} (repeatable), e.g. "
+        "endpoint_url=http://127.0.0.1:9000 or anon=true",
+    }
+
+
+@dataclass(frozen=True)
+class Command:
+    """A sub-command: its name, help, the function it runs and its arguments (flag or
+    positional name -> ``add_argument`` keywords); ``description`` is shown verbatim."""
+
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    arguments: Mapping[str, Mapping[str, Any]]
+    description: str | None = None
+
+
+JSON = {"--json": {"action": "store_true", "help": "machine-readable output"}}
+EVERY_COMMAND = {
+    "--storage-option": _options(
+        "storage_options", "s3://, gs://, hf://, http(s):// checkpoints"
+    )
+}
+COMMANDS = (
+    Command("ls", "list keys with dtype, shape, chunks and size", cmd_ls, {
+        "path": {},
+        **JSON,
+        "--no-scan": {
+            "action": "store_true",
+            "help": "skip reading each chunk's pickle record (subclass / fp8 columns stay "
+            "empty for DCP)",
+        },
+    }),
+    Command("show", "one key: summary and first values", cmd_show, {
+        "path": {},
+        "key": {},
+        "--values": {"type": int, "default": 8, "help": "how many values to print"},
+        "--chunks": {"type": int, "default": 8, "help": "how many chunks to list"},
+    }),
+    Command("diff", "compare two checkpoints key by key (exit 0 when equal)", cmd_diff, {
+        "a": {},
+        "b": {},
+        **JSON,
+        "--keys-only": {"action": "store_true", "help": "compare keys, dtypes, shapes only"},
+        "--atol": {"type": float, "default": 0.0, "help": "absolute tolerance"},
+        "--rtol": {"type": float, "default": 0.0, "help": "relative tolerance"},
+        "--key-map": {
+            "choices": ("auto", "none"),
+            "default": "auto",
+            "help": "auto: match keys across layouts with the FQN doctor's best rewrite",
+        },
+        "--fingerprints": {
+            "action": "store_true",
+            "help": "hash each tensor pair from its stored bytes first; equal ones are not "
+            "compared",
+        },
+    }),
+    Command(
+        "check",
+        "compare the checkpoint's model keys with a model or checkpoint; suggest renames",
+        cmd_check,
+        {
+            "path": {},
+            "--against": {
+                "required": True,
+                "metavar": "OTHER_PATH | module.path:factory",
+                "help": "another checkpoint, or a callable that builds the model (called under "
+                "--device)",
+            },
+            **JSON,
+            "--spelling": {
+                "choices": VIEWS,
+                "help": "how to spell the checkpoint's model keys (default: stored for DCP, "
+                "else flattened)",
+            },
+            "--device": {
+                "default": "meta",
+                "help": "device the factory builds the model on (default: meta)",
+            },
+            "--ignore-dtype": {
+                "action": "store_true",
+                "help": "dtype mismatches alone do not fail (exit 0)",
+            },
+            "--limit": {"type": int, "default": 20, "help": "how many keys to list per group"},
+        },
+        CHECK_HELP,
+    ),
+    Command(
+        "audit",
+        "is the checkpoint whole and resumable? (exit 0 ok, 1 problems, 2 unreadable)",
+        cmd_audit,
+        {
+            "path": {},
+            **JSON,
+            "--no-checksums": {
+                "action": "store_true",
+                "help": "skip reading the bytes for CRC-32 checks",
+            },
+            "--values": {"action": "store_true", "help": "also count NaN / Inf values"},
+        },
+        AUDIT_HELP,
+    ),
+    Command(
+        "health",
+        "what changed between a run's saved steps (exit 1 on error findings)",
+        cmd_health,
+        {
+            "path": {},
+            **JSON,
+            "--steps": {"nargs": "+", "metavar": "STEP", "help": "saved steps, by name or number"},
+            "--keys": {"nargs": "+", "metavar": "GLOB", "help": "model parameters, by name"},
+        },
+        HEALTH_HELP,
+    ),
+    Command(
+        "fingerprint",
+        "content hash of the weights, independent of format, sharding and key prefix",
+        cmd_fingerprint,
+        {
+            "path": {},
+            **JSON,
+            "--keys": {
+                "nargs": "+",
+                "action": "extend",
+                "metavar": "GLOB",
+                "help": "stored keys or canonical names, any component (after PATH; repeatable)",
+            },
+            "--tensors": {"action": "store_true", "help": "also list each tensor's digest"},
+        },
+        FINGERPRINT_HELP,
+    ),
+    Command(
+        "export",
+        "write .safetensors (HF-sharded), .pt, an HF model folder or a DCP folder, streaming",
+        cmd_export,
+        {
+            "path": {},
+            "out": {
+                "help": "safetensors: a folder (or *.safetensors); pt: the file; hf, dcp: a "
+                "folder; or an s3://, gs://, hf:// URL",
+            },
+            "--target-option": _options(
+                "target_options", "a URL output (default: the --storage-option ones)"
+            ),
+            **{o.flag: o.argument() for o in OPTIONS},
+        },
+    ),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of :data:`COMMANDS`."""
     parser = argparse.ArgumentParser(
         prog="ckpt-inspect",
         description="Inspect PyTorch checkpoints (DCP, .pt, safetensors) safely.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    remote = argparse.ArgumentParser(add_help=False)
-    _options_argument(
-        remote, "--storage-option", "storage_options", "s3://, gs://, hf://, http(s):// checkpoints"
-    )
-    ls = sub.add_parser("ls", help="list keys with dtype, shape, chunks and size", parents=[remote])
-    ls.add_argument("path")
-    ls.add_argument("--json", action="store_true", help="machine-readable output")
-    ls.add_argument(
-        "--no-scan",
-        action="store_true",
-        help="skip reading each chunk's pickle record (subclass / fp8 columns stay empty for DCP)",
-    )
-    ls.set_defaults(func=cmd_ls)
-    show = sub.add_parser("show", help="one key: summary and first values", parents=[remote])
-    show.add_argument("path")
-    show.add_argument("key")
-    show.add_argument("--values", type=int, default=8, help="how many values to print")
-    show.add_argument("--chunks", type=int, default=8, help="how many chunks to list")
-    show.set_defaults(func=cmd_show)
-    diff = sub.add_parser(
-        "diff", help="compare two checkpoints key by key (exit 0 when equal)", parents=[remote]
-    )
-    diff.add_argument("a")
-    diff.add_argument("b")
-    diff.add_argument("--json", action="store_true", help="machine-readable output")
-    diff.add_argument("--keys-only", action="store_true", help="compare keys, dtypes, shapes only")
-    diff.add_argument("--atol", type=float, default=0.0, help="absolute tolerance")
-    diff.add_argument("--rtol", type=float, default=0.0, help="relative tolerance")
-    diff.add_argument(
-        "--key-map",
-        choices=("auto", "none"),
-        default="auto",
-        help="auto: match keys across layouts with the FQN doctor's best rewrite",
-    )
-    diff.add_argument(
-        "--fingerprints",
-        action="store_true",
-        help="hash each tensor pair from its stored bytes first; equal ones are not compared",
-    )
-    diff.set_defaults(func=cmd_diff)
-    check = sub.add_parser(
-        "check",
-        help="compare the checkpoint's model keys with a model or checkpoint; suggest renames",
-        description=CHECK_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[remote],
-    )
-    check.add_argument("path")
-    check.add_argument(
-        "--against",
-        required=True,
-        metavar="OTHER_PATH | module.path:factory",
-        help="another checkpoint, or a callable that builds the model (called under --device)",
-    )
-    check.add_argument("--json", action="store_true", help="machine-readable output")
-    check.add_argument(
-        "--spelling",
-        choices=VIEWS,
-        help="how to spell the checkpoint's model keys (default: stored for DCP, else flattened)",
-    )
-    check.add_argument(
-        "--device", default="meta", help="device the factory builds the model on (default: meta)"
-    )
-    check.add_argument(
-        "--ignore-dtype", action="store_true", help="dtype mismatches alone do not fail (exit 0)"
-    )
-    check.add_argument("--limit", type=int, default=20, help="how many keys to list per group")
-    check.set_defaults(func=cmd_check)
-
-    aud = sub.add_parser(
-        "audit",
-        help="is the checkpoint whole and resumable? (exit 0 ok, 1 problems, 2 unreadable)",
-        description=AUDIT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[remote],
-    )
-    aud.add_argument("path")
-    aud.add_argument("--json", action="store_true", help="machine-readable output")
-    aud.add_argument(
-        "--no-checksums", action="store_true", help="skip reading the bytes for CRC-32 checks"
-    )
-    aud.add_argument("--values", action="store_true", help="also count NaN / Inf values")
-    aud.set_defaults(func=cmd_audit)
-    hlt = sub.add_parser(
-        "health",
-        help="what changed between a run's saved steps (exit 1 on error findings)",
-        description=HEALTH_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[remote],
-    )
-    hlt.add_argument("path")
-    hlt.add_argument("--json", action="store_true", help="machine-readable output")
-    hlt.add_argument("--steps", nargs="+", metavar="STEP", help="saved steps, by name or number")
-    hlt.add_argument("--keys", nargs="+", metavar="GLOB", help="model parameters, by name")
-    hlt.set_defaults(func=cmd_health)
-    fpr = sub.add_parser(
-        "fingerprint",
-        help="content hash of the weights, independent of format, sharding and key prefix",
-        description=FINGERPRINT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[remote],
-    )
-    fpr.add_argument("path")
-    fpr.add_argument("--json", action="store_true", help="machine-readable output")
-    fpr.add_argument(
-        "--keys",
-        nargs="+",
-        action="extend",
-        metavar="GLOB",
-        help="stored keys or canonical names, any component (after PATH; repeatable)",
-    )
-    fpr.add_argument("--tensors", action="store_true", help="also list each tensor's digest")
-    fpr.set_defaults(func=cmd_fingerprint)
-
-    exp = sub.add_parser(
-        "export",
-        help="write .safetensors (HF-sharded), .pt, an HF model folder or a DCP folder, streaming",
-        parents=[remote],
-    )
-    exp.add_argument("path")
-    exp.add_argument(
-        "out",
-        help="safetensors: a folder (or *.safetensors); pt: the file; hf, dcp: a folder; "
-        "or an s3://, gs://, hf:// URL",
-    )
-    _options_argument(
-        exp,
-        "--target-option",
-        "target_options",
-        "a URL output (default: the --storage-option ones)",
-    )
-    exp.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0])
-    exp.add_argument("--arch", help="hf, dcp: auto (default) or " + ", ".join(ARCHITECTURE_NAMES))
-    exp.add_argument("--hf-assets", metavar="DIR", help="hf: tokenizer, config.json, ... to copy")
-    exp.add_argument("--hf-config", metavar="FILE", help="hf, dcp: the config.json to use")
-    exp.add_argument(
-        "--naming", choices=GENERATIONS, help="dcp: torchtitan (0.3, default) or torchtitan-2025"
-    )
-    exp.add_argument("--dtype", help="cast floating tensors, e.g. bfloat16")
-    exp.add_argument("--fp8", choices=FP8_MODES, default=FP8_MODES[0])
-    exp.add_argument(
-        "--max-shard-size", default=DEFAULT_SHARD_SIZE, help="e.g. 5GB (decimal), 500MiB"
-    )
-    exp.add_argument("--keep-prefix", action="store_true", help="keep the 'model.' prefix")
-    exp.add_argument("--all-components", action="store_true", help="not only the model")
-    exp.add_argument("--nested", action="store_true", help="pt: keep the stored nesting")
-    exp.add_argument("--include", action="append", metavar="GLOB", help="keys to keep")
-    exp.add_argument("--exclude", action="append", metavar="GLOB", help="keys to leave out")
-    exp.add_argument("--overwrite", action="store_true", help="replace existing output")
-    exp.add_argument("--no-verify", action="store_true", help="skip re-reading the output")
-    exp.add_argument("--skip-unreadable", action="store_true", help="leave damaged keys out")
-    exp.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="processes writing the export (same bytes as 1); under torchrun each rank "
-        "writes its share",
-    )
-    exp.set_defaults(func=cmd_export)
+    for command in COMMANDS:
+        found = sub.add_parser(
+            command.name,
+            help=command.help,
+            description=command.description,
+            formatter_class=argparse.RawDescriptionHelpFormatter
+            if command.description
+            else argparse.HelpFormatter,
+        )
+        for flag, keywords in {**EVERY_COMMAND, **command.arguments}.items():
+            found.add_argument(flag, **keywords)
+        found.set_defaults(func=command.run)
     return parser
 
 

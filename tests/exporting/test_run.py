@@ -490,3 +490,23 @@ def test_keep_mode_parts_follow_a_renamed_tensor(tmp_path: Path) -> None:
     assert sorted(written) == ["layer.b", "layer.w", "layer.w_scale"]
     assert same(written["layer.w"], f8._data) and same(written["layer.w_scale"], f8._scale)
     assert result.verification.ok
+
+
+@pytest.mark.parametrize(
+    ("target", "options"),
+    [
+        ("deep/folder", {"max_shard_size": "100KB"}),
+        ("deep/folder/one.safetensors", {"max_shard_size": "20GB"}),
+        ("deep/folder/model.pt", {"format": "pt"}),
+        ("deep/workers", {"max_shard_size": "100KB", "workers": 2}),
+    ],
+)
+def test_a_failed_export_leaves_nothing(tmp_path: Path, target: str, options: dict) -> None:
+    """A stride-0 view too large to write dense fails the export after other tensors were
+    written: no shard, index, temporary file or folder is left."""
+    source = tmp_path / "source.pt"
+    torch.save({"a": torch.arange(40000.0), "zeros": torch.zeros(1).expand(1 << 31),
+                "w": torch.arange(12.0)}, source)
+    with pytest.raises(ExportError, match=r"zeros.*stride-0 view"):
+        inspector.export(source, tmp_path / target, progress=False, model_only=False, **options)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source.pt"]

@@ -75,12 +75,40 @@ def settle(cfg: dict, name: str, value: Any, why: str, key: str | None = None) -
     cfg[name] = value
 
 
+# The config's sizes an export multiplies, divides or allocates by: when given, each must be
+# a whole number from its least value to SIZE_LIMIT (a hostile config.json is not a crash).
+SIZES = dict.fromkeys(
+    ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+     "num_attention_heads", "num_key_value_heads", "head_dim", "moe_intermediate_size",
+     "num_experts", "n_routed_experts", "num_experts_per_tok", "n_group", "topk_group",
+     "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+     "decoder_sparse_step"),
+    1,
+) | {"first_k_dense_replace": 0, "n_shared_experts": 0}
+SIZE_LIMIT = 1 << 40
+
+
+def check_sizes(cfg: Mapping) -> None:
+    """Refuse a size in ``cfg`` that is not a whole number in its range (see :data:`SIZES`)."""
+    for name, least in SIZES.items():
+        value = cfg.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not (
+            least <= value <= SIZE_LIMIT
+        ):
+            raise ExportError(
+                f"hf_config {name}={value!r} is not a whole number from {least} to {SIZE_LIMIT}"
+            )
+
+
 def resolve(
     arch: str, model_type: str, fields: tuple[Field, ...], config: Mapping | None, shapes: Shapes
 ) -> tuple[dict, list[str]]:
     """``config`` completed from the shapes and checked against them; plus notes on
     absent fields that transformers will default."""
     cfg = dict(config or {})
+    check_sizes(cfg)
     given_type = cfg.get("model_type")
     if given_type is not None and given_type != model_type:
         raise ExportError(

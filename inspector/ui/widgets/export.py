@@ -13,11 +13,11 @@ import ipywidgets as w
 
 from inspector.analysis.fqn import KeyReport
 from inspector.checkpoint import Checkpoint
+from inspector.exporting.base import ExportResult, Progress
 from inspector.exporting.fp8 import FP8_MODE_HELP
 from inspector.exporting.hf import ARCHITECTURES
 from inspector.exporting.options import ExportOptions, arch_auto, default_out
 from inspector.exporting.plan import CAST_DTYPES, DEFAULT_SHARD_SIZE, suggested_workers
-from inspector.exporting.run import ExportResult, Progress
 from inspector.ui.views.text import human_bytes
 from inspector.ui.widgets.errors import ErrorBox, error_html
 from inspector.ui.widgets.markup import badge, esc, heading, note, pre, table

@@ -12,7 +12,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
@@ -37,6 +37,8 @@ TENSOR_OPTIONS = {
     "on_error": "fail",
 }
 MODEL_FOLDER_OPTIONS = ("arch", "naming", "hf_config", "hf_assets")
+# Target file suffixes and the format each names (a folder target names none).
+FILE_SUFFIXES = {".safetensors": "safetensors", ".pt": "pt", ".pth": "pt", ".bin": "pt"}
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class ExportRequest:
 
     source: Checkpoint | str | os.PathLike[str]
     target: str | os.PathLike[str]
-    format: str = "safetensors"
+    format: str = "auto"
     dtype: str | None = None
     fp8: str = "dequantize"
     model_only: bool = True
@@ -91,6 +93,7 @@ class ExportRequest:
     def __post_init__(self) -> None:
         target = self.target if is_url(self.target) else Path(self.target).expanduser()
         object.__setattr__(self, "target", target)
+        object.__setattr__(self, "format", _format_for(self.format, target))
         object.__setattr__(self, "dtype", dtypes.optional_name(self.dtype))
         object.__setattr__(self, "include", _tuple(self.include))
         object.__setattr__(self, "exclude", _tuple(self.exclude))
@@ -170,6 +173,21 @@ class ExportRequest:
                                    storage_options=None, target_options=None)
 
 
+def _format_for(given: str, target: str | os.PathLike[str]) -> str:
+    """The format asked for; for "auto", the one the target's suffix names (``out.pt``),
+    else safetensors. A target whose suffix names another format is refused."""
+    suffix = PurePosixPath(str(target)).suffix.lower()
+    named = FILE_SUFFIXES.get(suffix)
+    if given == "auto":
+        return named or plan.EXPORT_FORMATS[0]
+    if named is not None and named != given:
+        raise UsageError(
+            f"the target {target} is a {suffix} file, which format={given!r} does not write: "
+            f"leave the format out, or give a target that fits it"
+        )
+    return given
+
+
 def _tuple(patterns: Iterable[str] | None) -> tuple[str, ...] | None:
     return None if patterns is None else tuple(patterns)
 
@@ -202,7 +220,8 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("format", "what to write", "--format", plan.EXPORT_FORMATS),
+    Option("format", "what to write (auto, the default: pt for a .pt/.pth/.bin target, else "
+           "safetensors)", "--format", ("auto", *plan.EXPORT_FORMATS)),
     Option("arch", "hf, dcp: auto (default) or " + ", ".join(plan.ARCHITECTURE_NAMES), "--arch"),
     Option("hf_assets", "hf: tokenizer, config.json, ... to copy", "--hf-assets", metavar="DIR"),
     Option("hf_config", "hf, dcp: the config.json to use", "--hf-config", metavar="FILE"),

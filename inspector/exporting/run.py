@@ -49,10 +49,12 @@ __all__ = ["ExportRequest", "ExportResult", "Progress", "export", "run"]
 def export(
     ck_or_path: Checkpoint | str | os.PathLike[str],
     out: str | os.PathLike[str],
-    format: str = "safetensors",
+    format: str = "auto",
     **options: Any,
 ) -> ExportResult:
-    """Write the checkpoint's tensors (model only by default) as safetensors or ``.pt``.
+    """Write the checkpoint's tensors (model only by default) as safetensors or ``.pt``
+    (``format="auto"``: ``.pt`` for an ``out`` ending in .pt, .pth or .bin, else safetensors;
+    an ``out`` whose suffix names another format than the one given is refused).
 
     safetensors: ``out`` is a folder (one ``model.safetensors``, or
     ``model-0000i-of-0000N.safetensors`` + ``model.safetensors.index.json`` past

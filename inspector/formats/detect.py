@@ -9,6 +9,8 @@ also what the audit reports).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from inspector.errors import (
     CorruptCheckpointError,
     InspectorError,
@@ -162,10 +164,32 @@ def open_folder(storage: Storage, skip: frozenset[str] = frozenset()) -> Source:
             file=storage.location,
             found=tuple(f for s in signs for f in s.files),
         )
+    below = _checkpoints_below(storage, listed)
     raise NotACheckpointError(
-        "not a checkpoint: no DCP .metadata, torch.save archive or safetensors file found",
+        "not a checkpoint: no DCP .metadata, torch.save archive or safetensors file found"
+        + (f"; the folder below holds one: open {below[0]}" if len(below) == 1 else "")
+        + (f"; folders below hold checkpoints: {', '.join(below)}" if len(below) > 1 else ""),
         file=storage.location,
     )
+
+
+# Sub-folders looked into when a folder holds no checkpoint itself (one listing each).
+_LOOK_BELOW = 64
+
+
+def _checkpoints_below(storage: Storage, listed: Sequence[tuple[str, str]]) -> list[str]:
+    """The paths of the sub-folders (the first ``_LOOK_BELOW``) that hold checkpoint files."""
+    found = []
+    for name in sorted(n for n, kind in listed if kind == "dir")[:_LOOK_BELOW]:
+        child = storage.child(name)
+        try:
+            files = [n for n, kind in child.list() if kind == "file"]
+        except InspectorError:
+            continue
+        marks = (".safetensors", *TORCH_SUFFIXES)
+        if any(n == dcp.METADATA_FILE or n.endswith(marks) for n in files):
+            found.append(child.location)
+    return found
 
 
 def _preferred(candidates: list[str], name: str) -> list[str]:

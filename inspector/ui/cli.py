@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import inspector
+from inspector.entry import Entry
 from inspector.errors import InspectorError
 from inspector.exporting.request import OPTIONS
 from inspector.keys.spellings import VIEWS
@@ -100,7 +102,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     ck = inspector.open(args.path, args.storage_options)
     if not args.no_scan:
         ck.scan(progress=not args.json and sys.stderr.isatty())
-    entries = ck.entries()
+    entries = _listed(ck.entries(), args)
     if args.json:
         payload = {
             "path": ck.location,
@@ -110,7 +112,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             "source_files": list(ck.source_files),
             "notes": list(ck.source.notes),
             "metadata": ck.metadata,
-            "entries": ck.records(),
+            "entries": [r for r in ck.records() if r["key"] in {e.key for e in entries}],
         }
         json.dump(payload, sys.stdout, indent=1)
         print()
@@ -118,17 +120,30 @@ def cmd_ls(args: argparse.Namespace) -> int:
     print(f"{ck.location}  format={ck.format}  layout={ck.layout}  keys={len(entries)}")
     facts = [ck.facts(e.key) for e in entries]
     extra = any(f.subclass or f.fp8 for f in facts)
+    broken = any(f.error for f in facts)
     header = ["key", "dtype", "shape", "chunks", "size"] + (["subclass", "fp8"] if extra else [])
     rows = []
     for e, f in zip(entries, facts, strict=True):
         row = [e.key, e.dtype or e.kind, shape_text(e), str(len(e.chunks)), human_bytes(e.nbytes)]
         if extra:
             row += [f.subclass or "", f.fp8 or ""]
-        if f.error:
-            row[0] = f"{e.key}  [unreadable: {f.error}]"
-        rows.append(row)
-    _print_table(rows, header)
+        rows.append(row + ([f.error or ""] if broken else []))
+    _print_table(rows, header + (["error"] if broken else []))
     return 0
+
+
+def _listed(entries: list[Entry], args: argparse.Namespace) -> list[Entry]:
+    """The entries ``ls`` shows: of one component, matching ``--grep``, in ``--sort`` order."""
+    if args.component:
+        entries = [e for e in entries if e.component == args.component]
+    if args.grep:
+        pattern = re.compile(args.grep)
+        entries = [e for e in entries if pattern.search(e.key)]
+    if args.sort == "size":
+        entries = sorted(entries, key=lambda e: -e.nbytes)
+    elif args.sort == "key":
+        entries = sorted(entries, key=lambda e: e.key)
+    return entries
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -400,6 +415,13 @@ COMMANDS = (
             "action": "store_true",
             "help": "skip reading each chunk's pickle record (subclass / fp8 columns stay "
             "empty for DCP)",
+        },
+        "--component": {"metavar": "NAME", "help": "only this component's keys (e.g. model)"},
+        "--grep": {"metavar": "REGEX", "help": "only keys this regular expression finds"},
+        "--sort": {
+            "choices": ("stored", "key", "size"),
+            "default": "stored",
+            "help": "order: as stored (default), by key, or largest first",
         },
     }),
     Command("show", "one key: summary and first values", cmd_show, {

@@ -510,3 +510,21 @@ def test_a_failed_export_leaves_nothing(tmp_path: Path, target: str, options: di
     with pytest.raises(ExportError, match=r"zeros.*stride-0 view"):
         inspector.export(source, tmp_path / target, progress=False, model_only=False, **options)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["source.pt"]
+
+
+def test_the_target_suffix_decides_the_format_unless_it_contradicts_it(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    from inspector.errors import UsageError
+
+    ck = inspector.open(demo_dir / "seed")
+    for name in ("weights.pt", "weights.pth", "weights.bin"):
+        result = inspector.export(ck, tmp_path / name)
+        loaded = torch.load(tmp_path / name, weights_only=True)
+        assert result.format == "pt" and sorted(loaded) == sorted(ck.keys())
+    assert inspector.export(ck, tmp_path / "folder").format == "safetensors"
+    assert inspector.export(ck, tmp_path / "one.safetensors").format == "safetensors"
+    for target, given in (("w.safetensors", "pt"), ("w.pt", "safetensors"), ("w.pt", "hf")):
+        with pytest.raises(UsageError, match=f"is a .{target.split('.')[1]} file"):
+            inspector.export(ck, tmp_path / target, format=given)
+        assert not (tmp_path / target).exists()

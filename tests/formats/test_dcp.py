@@ -242,6 +242,18 @@ def test_not_a_checkpoint(tmp_path: Path) -> None:
         inspector.open(tmp_path / "nope")
 
 
+def test_a_folder_with_checkpoints_below_says_where_they_are(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint import FileSystemWriter, save
+
+    (tmp_path / "notes").mkdir()
+    save({"w": torch.ones(2)}, storage_writer=FileSystemWriter(tmp_path / "a"), no_dist=True)
+    with pytest.raises(NotACheckpointError, match=f"holds one: open {tmp_path / 'a'}$"):
+        inspector.open(tmp_path)
+    save({"w": torch.ones(2)}, storage_writer=FileSystemWriter(tmp_path / "b"), no_dist=True)
+    with pytest.raises(NotACheckpointError, match=f"hold checkpoints: {tmp_path / 'a'}, "):
+        inspector.open(tmp_path)
+
+
 def test_unknown_key_suggests(demo_dir: Path) -> None:
     ck = inspector.open(demo_dir / "prefixed")
     with pytest.raises(KeyError, match=r"did you mean 'model\.output\.weight'"):

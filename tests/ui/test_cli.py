@@ -423,3 +423,49 @@ def test_diff_with_fingerprints(demo_dir: Path) -> None:
     result = cli("diff", str(demo_dir / "prefixed"), str(demo_dir / "flat"), "--fingerprints")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == "347 keys: 347 same"
+
+
+def test_export_to_a_pt_file_writes_a_pt(demo_dir: Path, tmp_path: Path) -> None:
+    import torch
+
+    done = cli("export", str(demo_dir / "seed"), str(tmp_path / "out.pt"))
+    assert done.returncode == 0, done.stderr
+    assert sorted(torch.load(tmp_path / "out.pt", weights_only=True)) == sorted(
+        inspector.open(demo_dir / "seed").keys()
+    )
+    wrong = cli("export", str(demo_dir / "seed"), str(tmp_path / "x.pt"), "--format", "hf")
+    assert wrong.returncode == 2 and "is a .pt file" in wrong.stderr
+
+
+def test_ls_component_grep_and_sort(demo_dir: Path) -> None:
+    path = str(demo_dir / "prefixed")
+    ck = inspector.open(path)
+
+    def keys(*options: str) -> list[str]:
+        result = cli("ls", path, "--no-scan", *options)
+        assert result.returncode == 0, result.stderr
+        return [line.split()[0] for line in result.stdout.splitlines()[2:]]
+
+    model = [e.key for e in ck.entries() if e.component == "model"]
+    assert keys("--component", "model") == model and len(model) == 21
+    assert keys("--grep", r"w[13]\.weight$", "--component", "model") == [
+        k for k in model if k.endswith(("w1.weight", "w3.weight"))
+    ]
+    by_size = keys("--sort", "size")
+    sizes = [ck.entry(k).nbytes for k in by_size]
+    assert sizes == sorted(sizes, reverse=True) and sorted(by_size) == sorted(ck.keys())
+    assert keys("--sort", "key") == sorted(ck.keys())
+
+
+def test_ls_gives_a_damaged_key_its_reason_in_an_error_column(truncated) -> None:
+    path, damaged = truncated
+    result = cli("ls", str(path), "--no-scan")
+    lines = result.stdout.splitlines()
+    assert lines[1].split()[-1] == "error"
+    rows = {line.split()[0]: line for line in lines[2:]}
+    ck = inspector.open(path)
+    for key in damaged:
+        why = ck.facts(key).error
+        assert why and rows[key].rstrip().endswith(why)
+    intact = next(k for k in rows if k not in damaged)
+    assert damaged and rows[intact].rstrip().endswith(("B", "KB", "MB"))  # no error text

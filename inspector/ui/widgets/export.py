@@ -34,7 +34,7 @@ def result_html(result: ExportResult) -> str:
     if check is None:
         verdict = badge("written, not verified", "warn")
     else:
-        verdict = badge("verified", "ok") if check.ok else badge("verification failed", "bad")
+        verdict = badge("ok", "ok") if check.ok else badge("failed", "bad")  # check says what
     files = [*result.files, *([result.index] if result.index else [])]
     rows = [
         (str(p), human_bytes(Path(p).stat().st_size) if isinstance(p, Path) else "") for p in files

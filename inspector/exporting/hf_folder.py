@@ -69,7 +69,7 @@ def export_hf(
     refuse_overlap(out, {"hf_assets": hf_assets})
     limit = planning.parse_size(max_shard_size)
     weights = ModelWeights(ck, fp8, dtype)
-    found = hf.to_hf(weights.metas(), load_config(hf_config, hf_assets), arch)
+    found = hf.to_hf(weights.metas(), load_config(hf_config, hf_assets), arch, ck.run_args)
     compare_tied(weights, found.must_equal)
     assets = asset_files(hf_assets)
     planned = [

@@ -43,6 +43,12 @@ def export_model_folder(
         if naming is not None:
             raise UsageError("naming applies to format='dcp' (hf reads either generation)")
         return export_hf(ck, out, max_shard_size=max_shard_size, **kw)
+    if format == "megatron":
+        from inspector.exporting.megatron_folder import export_megatron
+
+        if naming is not None or max_shard_size != plan.DEFAULT_SHARD_SIZE:
+            raise UsageError("naming and max_shard_size do not apply to format='megatron'")
+        return export_megatron(ck, out, **kw)
     from inspector.exporting.dcp_folder import export_dcp
 
     if max_shard_size != plan.DEFAULT_SHARD_SIZE:

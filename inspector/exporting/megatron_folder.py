@@ -1,0 +1,109 @@
+"""``export(..., format="megatron")``: a Megatron-Core ``torch_dist`` folder from an HF Llama /
+Qwen3 model, for Megatron training to start from (``--load`` / ``--pretrained-checkpoint``).
+
+The plan (:func:`.hf.megatron_gpt.from_hf`) fuses QKV per query group and SwiGLU's gate and
+up, stacks layers (one DCP chunk per layer, so no stack is assembled in memory), pads the
+vocabulary to a multiple of 128 and records the run's ``args`` in the common state.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from inspector import dtypes
+from inspector.errors import UsageError
+from inspector.exporting.dcp_folder import _verify
+from inspector.exporting.model_weights import HfConfig, ModelWeights, load_config, refuse_overlap
+from inspector.exporting.run import ExportResult, Meter, Progress, refuse_inside_source
+from inspector.formats.dcp.megatron_writer import write_megatron
+from inspector.formats.dcp.writer import Chunk
+from inspector.formats.writing import Item
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+    from inspector.checkpoint import Checkpoint
+    from inspector.exporting.hf.megatron_gpt import Piece
+
+HF_ARCHES = ("auto", "llama3", "qwen3")
+
+
+def export_megatron(
+    ck: Checkpoint,
+    out: Path,
+    *,
+    arch: str,
+    hf_config: HfConfig,
+    hf_assets: str | os.PathLike | None,
+    dtype: str | None,
+    fp8: str,
+    overwrite: bool,
+    verify: bool,
+    progress: bool,
+    on_progress: Callable[[Progress], None] | None,
+) -> ExportResult:
+    """Write ``ck``'s HF-named weights as a Megatron-Core torch_dist folder ``out``."""
+    from inspector.exporting.hf import detect, megatron_gpt
+
+    if arch not in HF_ARCHES:
+        raise UsageError(f"format='megatron' reads HF {' or '.join(HF_ARCHES[1:])}, not {arch!r}")
+    started = time.perf_counter()
+    refuse_inside_source(ck, out)
+    refuse_overlap(out, {"hf_assets": hf_assets})
+    weights = ModelWeights(ck, fp8, dtype)
+    found = detect(weights.metas())
+    if found.naming != "hf" or found.arch.name not in HF_ARCHES:
+        raise UsageError(f"format='megatron' needs HF Llama / Qwen3 weights ({found.reason})")
+    pieces, args, left_out = megatron_gpt.from_hf(
+        weights.metas(), load_config(hf_config, hf_assets, ck)
+    )
+    chunks = [_chunk(weights, p, dtype) for p in pieces]
+    if dtype:
+        args |= {"params_dtype": dtypes.to_torch(dtype), "bf16": dtype == "bfloat16",
+                 "fp16": dtype == "float16"}  # fmt: skip
+    total = sum(c.item.nbytes for c in chunks)
+    meter = Meter(total, progress, on_progress)
+    try:
+        files = write_megatron(out, chunks, args, meter, overwrite)
+    finally:
+        meter.close()
+        weights.release()
+    verification = None
+    if verify:
+        checker = Meter(total, progress, on_progress, "verify")
+        try:
+            verification = _verify(out, chunks, checker)
+        finally:
+            checker.close()
+            weights.release()
+    return ExportResult(
+        format="megatron",
+        files=files,
+        index=None,
+        tensors=len({c.fqn for c in chunks}),
+        objects=1,
+        bytes=total,
+        skipped={weights.stored(k): why for k, why in left_out.items()} | weights.skipped,
+        conversions={},
+        names={},
+        seconds=time.perf_counter() - started,
+        verification=verification,
+        arch=megatron_gpt.ARCH,
+        reason=f"{found.reason}; written as Megatron-Core GPT (local/TE spec names)",
+    )
+
+
+def _chunk(weights: ModelWeights, piece: Piece, dtype: str | None) -> Chunk:
+    cast = dtype or dtypes.name_of(piece.dtype)
+    item = Item(piece.key, cast, piece.shape, functools.partial(_build, weights, piece, cast))
+    return Chunk(piece.key, item, piece.offsets, piece.full_shape)
+
+
+def _build(weights: ModelWeights, piece: Piece, dtype: str) -> torch.Tensor:
+    return piece.build([weights.read(s) for s in piece.sources]).to(dtypes.to_torch(dtype))

@@ -1,0 +1,51 @@
+"""Writing Megatron-Core ``torch_dist`` folders that ``dist_checkpointing.load`` accepts: a DCP
+folder (:mod:`.writer`, stacked layers as one chunk per layer, as Megatron saves them), the
+common state as the byte item ``common_state/shard_0_1`` (a ``torch.save`` of a one-element
+list, as Megatron's ShardedObject saves it) and the ``metadata.json`` marker."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from inspector.formats.dcp.megatron import MARKER
+from inspector.formats.dcp.writer import Chunk, write_dcp
+from inspector.formats.writing import Item
+
+COMMON_KEY = "common_state/shard_0_1"
+MARKER_FIELDS = {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
+CHECKPOINT_VERSION = 3.0  # what megatron-core 0.19's save_checkpoint records
+
+
+def common_state(args: Mapping[str, Any], iteration: int = 0) -> bytes:
+    """The common state Megatron's ``load_checkpoint`` reads: ``args`` (an argparse Namespace
+    of the run's fields), ``checkpoint_version`` and ``iteration``; pickled by this package
+    from plain values, never read back from a user's file."""
+    import torch
+
+    state = {
+        "args": argparse.Namespace(**args),
+        "checkpoint_version": CHECKPOINT_VERSION,
+        "iteration": iteration,
+    }
+    buffer = io.BytesIO()
+    torch.save([state], buffer)
+    return buffer.getvalue()
+
+
+def write_megatron(
+    folder: Path,
+    chunks: Sequence[Chunk],
+    args: Mapping[str, Any],
+    progress: Callable[[Item], None],
+    overwrite: bool,
+) -> list[Path]:
+    """Write ``chunks`` and the common state holding ``args`` as a torch_dist folder."""
+    marker = json.dumps(MARKER_FIELDS).encode()
+    return write_dcp(
+        folder, chunks, progress, overwrite, {COMMON_KEY: common_state(args)}, {MARKER: marker}
+    )

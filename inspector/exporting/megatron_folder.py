@@ -70,7 +70,8 @@ def export_megatron(
     total = sum(c.item.nbytes for c in chunks)
     meter = Meter(total, progress, on_progress)
     try:
-        files = write_megatron(out, chunks, args, meter, overwrite)
+        modules = megatron_gpt.EXTRA_STATE_MODULES
+        files = write_megatron(out, chunks, args, modules, meter, overwrite)
     finally:
         meter.close()
         weights.release()
@@ -87,7 +88,7 @@ def export_megatron(
         files=files,
         index=None,
         tensors=len({c.fqn for c in chunks}),
-        objects=1,
+        objects=1 + len(megatron_gpt.EXTRA_STATE_MODULES) * args["num_layers"],
         bytes=total,
         skipped={weights.stored(k): why for k, why in left_out.items()} | weights.skipped,
         conversions={},

@@ -185,6 +185,10 @@ def test_hf_to_megatron_equals_megatrons_own_save(tmp_path, name) -> None:
     assert sorted(e.key for e in ours.entries() if e.kind == "tensor") == sorted(tensors)
     for key in tensors:
         assert torch.equal(ours.read(key), theirs.read(key)), key
+    objects = {e.key for e in theirs.entries() if e.kind == "object"}
+    objects.discard("rerun_state_machine_state/shard_0_1")  # training state, not the model
+    assert {e.key for e in ours.entries() if e.kind == "object"} == objects
+    assert all(ours.read_object(k) is None for k in objects if "_extra_state" in k)
     wanted = theirs.run_args
     for field in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                   "num_query_groups", "group_query_attention", "kv_channels",

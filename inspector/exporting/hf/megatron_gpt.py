@@ -332,6 +332,8 @@ HF_FUSED = {
     FC1: ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
 }
 HF_IGNORED = ("self_attn.rotary_emb.inv_freq",)
+# Stacked modules whose per-layer ``_extra_state`` a GPTModel's sharded state dict lists.
+EXTRA_STATE_MODULES = tuple(k.removesuffix(".weight") for k in (QKV, PROJ, FC1, FC2))
 VOCAB_MULTIPLE = 128  # Megatron's default make_vocab_size_divisible_by (at TP=1)
 
 

@@ -21,31 +21,49 @@ MARKER_FIELDS = {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
 CHECKPOINT_VERSION = 3.0  # what megatron-core 0.19's save_checkpoint records
 
 
+def saved_object(value: Any) -> bytes:
+    """A sharded object's bytes as Megatron stores them: ``torch.save`` of ``[value]``."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save([value], buffer)
+    return buffer.getvalue()
+
+
+def extra_states(modules: Sequence[str], layers: int) -> dict[str, bytes]:
+    """Each stacked module's per-layer ``_extra_state`` (None without Transformer Engine),
+    which ``dist_checkpointing.load`` asks for by ``<module>._extra_state/shard_<i>_<L>``."""
+    empty = saved_object(None)
+    return {
+        f"{module}._extra_state/shard_{layer}_{layers}": empty
+        for layer in range(layers)
+        for module in modules
+    }
+
+
 def common_state(args: Mapping[str, Any], iteration: int = 0) -> bytes:
     """The common state Megatron's ``load_checkpoint`` reads: ``args`` (an argparse Namespace
     of the run's fields), ``checkpoint_version`` and ``iteration``; pickled by this package
     from plain values, never read back from a user's file."""
-    import torch
-
     state = {
         "args": argparse.Namespace(**args),
         "checkpoint_version": CHECKPOINT_VERSION,
         "iteration": iteration,
     }
-    buffer = io.BytesIO()
-    torch.save([state], buffer)
-    return buffer.getvalue()
+    return saved_object(state)
 
 
 def write_megatron(
     folder: Path,
     chunks: Sequence[Chunk],
     args: Mapping[str, Any],
+    stacked_modules: Sequence[str],
     progress: Callable[[Item], None],
     overwrite: bool,
 ) -> list[Path]:
-    """Write ``chunks`` and the common state holding ``args`` as a torch_dist folder."""
+    """Write ``chunks``, the modules' empty extra states (one per layer of ``args``'
+    ``num_layers``) and the common state holding ``args`` as a torch_dist folder."""
     marker = json.dumps(MARKER_FIELDS).encode()
-    return write_dcp(
-        folder, chunks, progress, overwrite, {COMMON_KEY: common_state(args)}, {MARKER: marker}
-    )
+    objects = extra_states(stacked_modules, args["num_layers"])
+    objects[COMMON_KEY] = common_state(args)
+    return write_dcp(folder, chunks, progress, overwrite, objects, {MARKER: marker})

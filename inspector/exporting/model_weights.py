@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from inspector.checkpoint import Checkpoint
     from inspector.exporting import hf
+    from inspector.storage.base import ByteRange
 
 ADAPTED_FP8_MODES = ("dequantize", "unwrap")  # "keep" writes scales no HF model loads
 CONFIG_NAME = "config.json"
@@ -139,6 +140,9 @@ class ModelWeights:
         )
         key = self._keys[output.source]
         ranges = functools.partial(self.ck.byte_ranges, key) if plain and fp8.name == key else None
+        layer_copy = output.index is not None and output.transform is transforms.copy
+        if layer_copy and not cast and fp8.conversion is None and fp8.name == key:
+            ranges = functools.partial(slice_bytes, self.ck, key, output.index)
         return Item(output.name, dtype, output.shape, produce, ranges)
 
     def conversion(self, output: hf.Output) -> str | None:
@@ -156,12 +160,26 @@ class ModelWeights:
         return f"{self._keys[output.source]}: {text}" if text else None
 
 
+def slice_bytes(ck: Checkpoint, key: str, index: int) -> list[ByteRange] | None:
+    """Where slice ``index`` of the leading axis lies when one stored chunk is exactly that
+    slice in plain bytes (a Megatron layer at TP=1), so it is copied, not read; else None."""
+    entry = ck.entry(key)
+    rest = tuple(entry.shape or ())[1:]
+    for number, chunk in enumerate(entry.chunks):
+        if chunk.offsets[0] == index and tuple(chunk.sizes) == (1, *rest):
+            return [r] if (r := ck.source.chunk_bytes(entry, number)) is not None else None
+    return None
+
+
 def read_slice(ck: Checkpoint, key: str, index: int) -> torch.Tensor:
     """Slice ``index`` of a tensor's leading axis, read from only the chunks that hold it."""
     import torch
 
     entry = ck.entry(key)
     shape = tuple(entry.shape or ())
+    for number, chunk in enumerate(entry.chunks):
+        if chunk.offsets[0] == index and tuple(chunk.sizes) == (1, *shape[1:]):
+            return ck.read_chunk(key, number)[0]  # the slice is one stored chunk
     out = torch.empty(shape[1:], dtype=dtypes.to_torch(entry.dtype or "float32"))
     filled = 0
     for number, chunk in enumerate(entry.chunks):

@@ -58,8 +58,11 @@ def build(tmp: Path) -> Path:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(shape, generator=generator)
 
-    tensors = {"model.embed_tokens.weight": rand(VOCAB, HIDDEN), "lm_head.weight": rand(VOCAB, HIDDEN),
-               "model.norm.weight": rand(HIDDEN)}  # fmt: skip
+    tensors = {
+        "model.embed_tokens.weight": rand(VOCAB, HIDDEN),
+        "lm_head.weight": rand(VOCAB, HIDDEN),
+        "model.norm.weight": rand(HIDDEN),
+    }
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         tensors |= {

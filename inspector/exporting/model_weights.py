@@ -140,8 +140,8 @@ class ModelWeights:
         )
         key = self._keys[output.source]
         ranges = functools.partial(self.ck.byte_ranges, key) if plain and fp8.name == key else None
-        layer_copy = output.index is not None and output.transform is transforms.copy
-        if layer_copy and not cast and fp8.conversion is None and fp8.name == key:
+        layer_copy = output.transform is transforms.copy and not cast and fp8.name == key
+        if output.index is not None and layer_copy and fp8.conversion is None:
             ranges = functools.partial(slice_bytes, self.ck, key, output.index)
         return Item(output.name, dtype, output.shape, produce, ranges)
 

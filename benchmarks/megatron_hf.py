@@ -23,17 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from export import COPY
 from peak import goal_line, measure, mib, spread
 
 HIDDEN, FFN, HEADS, GROUPS, LAYERS, VOCAB = 2048, 5632, 16, 8, 3, 32000
-COPY = """
-import os, shutil, sys
-imported()
-shutil.copytree(sys.argv[2], sys.argv[3])
-for p in os.scandir(sys.argv[3]):
-    with open(p.path, "rb") as f:
-        os.fsync(f.fileno())
-"""
 OURS = """
 import sys, inspector
 imported()

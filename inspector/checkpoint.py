@@ -167,6 +167,12 @@ class Checkpoint:
         return self.source.metadata
 
     @property
+    def run_args(self) -> dict[str, Any]:
+        """The training run's arguments the checkpoint saved (Megatron's ``args``: plain
+        values by name); empty when it saved none."""
+        return dict(getattr(self.source, "run_args", {}))
+
+    @property
     def io(self) -> IOCount:
         """Bytes and requests read so far."""
         return self.source.storage.io.count

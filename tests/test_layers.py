@@ -50,6 +50,7 @@ FORMAT_WRITERS = (
     "inspector.formats.safetensors",
     "inspector.formats.torch_save.writer",
     "inspector.formats.dcp.writer",
+    "inspector.formats.dcp.megatron_writer",
 )
 
 

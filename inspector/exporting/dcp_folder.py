@@ -50,7 +50,7 @@ def export_dcp(request: ExportRequest) -> ExportResult:
     if request.verify:
         checker = request.meter(total, "verify")
         try:
-            verification = _verify(out, chunks, checker)
+            verification = verify_chunks(out, chunks, checker)
         finally:
             checker.close()
             weights.release()
@@ -81,7 +81,7 @@ def export_dcp(request: ExportRequest) -> ExportResult:
     )
 
 
-def _verify(out: Path, chunks: list[Chunk], progress: Meter) -> Verification:
+def verify_chunks(out: Path, chunks: list[Chunk], progress: Meter) -> Verification:
     """Re-open ``out`` and compare every stored chunk's bytes with a fresh production."""
     from inspector.checkpoint import open as open_checkpoint
 

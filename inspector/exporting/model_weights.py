@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from inspector.checkpoint import Checkpoint
     from inspector.exporting import hf
+    from inspector.storage.base import ByteRange
 
 ADAPTED_FP8_MODES = ("dequantize", "unwrap")  # "keep" writes scales no HF model loads
 CONFIG_NAME = "config.json"
@@ -85,7 +86,7 @@ class ModelWeights:
                     key=output.name,
                 )
             self.outputs[fqn], self._keys[fqn] = output, output.name
-        self._held: tuple[str, torch.Tensor] | None = None
+        self._held: tuple[tuple[str, int | None], torch.Tensor] | None = None
 
     def metas(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """FQN -> (shape, dtype) as FP8 handling produces them: what the adapters plan from."""
@@ -94,12 +95,21 @@ class ModelWeights:
             for fqn, o in self.outputs.items()
         }
 
-    def read(self, fqn: str) -> torch.Tensor:
-        """The weight, FP8-handled; the last one read is kept until another is asked for."""
-        if self._held is None or self._held[0] != fqn:
+    def read(self, fqn: str, index: int | None = None) -> torch.Tensor:
+        """The weight (or its slice ``index`` of the leading axis), FP8-handled; the last one
+        read is kept until another is asked for."""
+        if self._held is None or self._held[0] != (fqn, index):
             self._held = None  # let it go before the next one is read
-            self._held = (fqn, self.outputs[fqn].read())
+            self._held = ((fqn, index), self._read(fqn, index))
         return self._held[1]
+
+    def _read(self, fqn: str, index: int | None) -> torch.Tensor:
+        output = self.outputs[fqn]
+        if index is None:
+            return output.read()
+        if output.conversion is None and output.name == self._keys[fqn]:
+            return read_slice(self.ck, output.name, index)
+        return output.read()[index]
 
     def release(self) -> None:
         """Drop the tensor the cache holds (after writing, after verifying)."""
@@ -124,9 +134,17 @@ class ModelWeights:
         dtype = cast or dtypes.name_of(output.dtype)
         produce = functools.partial(_produce, self, output, cast)
         fp8 = self.outputs[output.source]
-        plain = output.transform is transforms.copy and fp8.conversion is None and not cast
+        plain = (
+            output.transform is transforms.copy
+            and output.index is None
+            and fp8.conversion is None
+            and not cast
+        )
         key = self._keys[output.source]
         ranges = functools.partial(self.ck.byte_ranges, key) if plain and fp8.name == key else None
+        layer_copy = output.transform is transforms.copy and not cast and fp8.name == key
+        if output.index is not None and layer_copy and fp8.conversion is None:
+            ranges = functools.partial(slice_bytes, self.ck, key, output.index)
         return Item(output.name, dtype, output.shape, produce, ranges)
 
     def conversion(self, output: hf.Output) -> str | None:
@@ -136,6 +154,7 @@ class ModelWeights:
         cast = self.cast_to(output)
         parts = [
             self.outputs[output.source].conversion,
+            None if output.index is None else f"slice {output.index} of the stacked layers",
             transforms.describe(output.transform),
             f"cast to {cast}" if cast else None,
         ]
@@ -143,8 +162,44 @@ class ModelWeights:
         return f"{self._keys[output.source]}: {text}" if text else None
 
 
+def slice_bytes(ck: Checkpoint, key: str, index: int) -> list[ByteRange] | None:
+    """Where slice ``index`` of the leading axis lies when one stored chunk is exactly that
+    slice in plain bytes (a Megatron layer at TP=1), so it is copied, not read; else None."""
+    entry = ck.entry(key)
+    rest = tuple(entry.shape or ())[1:]
+    for number, chunk in enumerate(entry.chunks):
+        if chunk.offsets[0] == index and tuple(chunk.sizes) == (1, *rest):
+            return [r] if (r := ck.source.chunk_bytes(entry, number)) is not None else None
+    return None
+
+
+def read_slice(ck: Checkpoint, key: str, index: int) -> torch.Tensor:
+    """Slice ``index`` of a tensor's leading axis, read from only the chunks that hold it."""
+    import torch
+
+    entry = ck.entry(key)
+    shape = tuple(entry.shape or ())
+    for number, chunk in enumerate(entry.chunks):
+        if chunk.offsets[0] == index and tuple(chunk.sizes) == (1, *shape[1:]):
+            return ck.read_chunk(key, number)[0]  # the slice is one stored chunk
+    out = torch.empty(shape[1:], dtype=dtypes.to_torch(entry.dtype or "float32"))
+    filled = 0
+    for number, chunk in enumerate(entry.chunks):
+        start, size = chunk.offsets[0], chunk.sizes[0]
+        if not start <= index < start + size:
+            continue
+        region = tuple(
+            slice(o, o + n) for o, n in zip(chunk.offsets[1:], chunk.sizes[1:], strict=True)
+        )
+        out[region] = ck.read_chunk(key, number)[index - start]
+        filled += out[region].numel()
+    if filled != out.numel():
+        raise ExportError(f"the stored chunks do not cover slice {index} of the tensor", key=key)
+    return out
+
+
 def _produce(weights: ModelWeights, output: hf.Output, cast: str | None) -> torch.Tensor:
-    value = output.transform(weights.read(output.source))
+    value = output.transform(weights.read(output.source, output.index))
     return value.to(dtypes.to_torch(cast)) if cast else value
 
 

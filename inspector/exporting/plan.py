@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from inspector.checkpoint import Checkpoint
     from inspector.entry import Entry
 
-EXPORT_FORMATS = ("safetensors", "pt", "hf", "dcp")
-MODEL_FOLDER_FORMATS = ("hf", "dcp")  # whole models under another family's names
+EXPORT_FORMATS = ("safetensors", "pt", "hf", "dcp", "megatron")
+MODEL_FOLDER_FORMATS = ("hf", "dcp", "megatron")  # whole models under another family's names
 # From this size an export is worth worker processes (a fork server's import of torch and
 # each worker's re-planning cost about 2 s), one per core up to MAX_SUGGESTED_WORKERS.
 PARALLEL_BYTES = 4 << 30

@@ -130,15 +130,17 @@ class ExportRequest:
                              "it writes the whole model")
         if self.format == "hf" and self.naming is not None:
             raise UsageError("naming applies to format='dcp' (hf reads either generation)")
-        if self.format == "dcp" and self.max_shard_size != plan.DEFAULT_SHARD_SIZE:
-            raise UsageError("max_shard_size applies to safetensors and hf, not dcp")
+        if self.format != "hf" and self.max_shard_size != plan.DEFAULT_SHARD_SIZE:
+            raise UsageError(f"max_shard_size applies to safetensors and hf, not {self.format}")
+        if self.format == "megatron" and self.naming is not None:
+            raise UsageError("naming applies to format='dcp' (megatron writes Megatron's names)")
         if self.naming is not None:
             plan.check_choice("naming", self.naming, tuple(GENERATIONS))
 
     def _check_tensor_file(self) -> None:
         given = [k for k in MODEL_FOLDER_OPTIONS if getattr(self, k) is not None]
         if given:
-            raise UsageError(f"{', '.join(given)} only apply to format='hf' or 'dcp'")
+            raise UsageError(f"{', '.join(given)} only apply to format='hf', 'dcp' or 'megatron'")
         if self.nested and (self.format != "pt" or self.rename is not None):
             raise ExportError("nested=True writes the stored nesting of a .pt; rename does not "
                               "apply")

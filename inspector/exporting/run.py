@@ -119,6 +119,10 @@ def run(request: ExportRequest) -> ExportResult:
         from inspector.exporting.dcp_folder import export_dcp
 
         return export_dcp(request)
+    if request.format == "megatron":
+        from inspector.exporting.megatron_folder import export_megatron
+
+        return export_megatron(request)
     return export_tensors(request)
 
 

@@ -238,3 +238,16 @@ def test_doctor_diff_stats_and_cli(capsys: pytest.CaptureFixture) -> None:
     payload = json.loads(capsys.readouterr().out)
     assert payload["producer"] == "megatron-core" and payload["path"].endswith("iter_0000003")
     assert payload["metadata"]["iteration"] == "3"
+
+
+@pytest.mark.parametrize("label", ["tp1", "tp2", "run_iter_0000003"])
+def test_run_args_are_the_saved_args_plain_values(label) -> None:
+    _, description = expected(label)
+    saved = {k: v for k, v in description["common_state"]["args"].items() if k != "__class__"}
+    args = inspector.open(LABELS[label]).run_args
+    plain = {k: v for k, v in saved.items() if isinstance(v, (bool, int, float, str, type(None)))}
+    assert len(args) > 700 and set(args) <= set(plain)  # enums and containers left out
+    for key, value in args.items():  # dtypes by name (the JSON writes "torch.float32")
+        assert value == plain[key] or plain[key] == f"torch.{value}", key
+    assert args["params_dtype"] == "float32"
+    assert args["num_layers"] == 2 and args["untie_embeddings_and_output_weights"] is True

@@ -15,11 +15,13 @@ def apply_plan(plan: Plan, read: Callable[[str], torch.Tensor]) -> dict[str, tor
     Each source is read once in a row of outputs that share it (the order plans emit).
     """
     out: dict[str, torch.Tensor] = {}
-    last_key: str | None = None
+    last_key: tuple[str, int | None] | None = None
     last = torch.empty(0)
     for o in plan.outputs:
-        if o.source != last_key:
-            last_key, last = o.source, read(o.source)
+        if (o.source, o.index) != last_key:
+            last_key = (o.source, o.index)
+            source = read(o.source)
+            last = source if o.index is None else source[o.index]
         value = o.transform(last)
         if o.offsets is None:
             out[o.name] = value

@@ -81,6 +81,8 @@ class Output:
 
     ``offsets``/``full_shape`` are set when the output is a piece of the tensor ``name``
     (an HF expert written into torchtitan's stacked experts, e.g. as one DCP chunk).
+    ``index``: the transform gets only this slice of the source's leading axis (one layer
+    of Megatron's stacked layers), so the whole stack is never read at once.
     """
 
     name: str
@@ -90,6 +92,7 @@ class Output:
     dtype: torch.dtype
     offsets: tuple[int, ...] | None = None
     full_shape: tuple[int, ...] | None = None
+    index: int | None = None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import ExportError
-from inspector.exporting.hf import deepseek_v3, llama3, qwen3, qwen3_moe
+from inspector.exporting.hf import deepseek_v3, llama3, megatron_gpt, qwen3, qwen3_moe
 from inspector.exporting.hf.base import (
     NAMINGS,
     Architecture,
@@ -28,7 +28,8 @@ ARCHITECTURES: dict[str, Architecture] = {
 def get(name: str) -> Architecture:
     """The architecture called ``name``; an error lists the known ones."""
     if name not in ARCHITECTURES:
-        raise ExportError(f"unknown arch {name!r}; known: auto, {', '.join(ARCHITECTURES)}")
+        known = ", ".join((*ARCHITECTURES, megatron_gpt.ARCH))
+        raise ExportError(f"unknown arch {name!r}; known: auto, {known}")
     return ARCHITECTURES[name]
 
 
@@ -87,8 +88,18 @@ def detect(keys: Iterable[str]) -> Detection:
     return Detection(win.arch, win.naming, reason)
 
 
-def to_hf(tensors: Mapping[str, Any], config: Mapping | None, arch: str = "auto") -> Plan:
-    """Plan a torchtitan checkpoint's model weights -> HF names (``reason`` says which arch)."""
+def to_hf(
+    tensors: Mapping[str, Any],
+    config: Mapping | None,
+    arch: str = "auto",
+    run_args: Mapping[str, Any] | None = None,
+) -> Plan:
+    """Plan a torchtitan (or Megatron-Core GPT) checkpoint's model weights -> HF names
+    (``reason`` says which arch); ``run_args``: the training run's arguments, where saved."""
+    if arch == megatron_gpt.ARCH or (arch == "auto" and megatron_gpt.fits(tensors)):
+        plan = megatron_gpt.to_hf(tensors, config, run_args)
+        given = f"given as arch={arch!r}"
+        return plan if arch == "auto" else dataclasses.replace(plan, reason=given)
     found = detect(tensors) if arch == "auto" else None
     chosen = found.arch if found else get(arch)
     if found and found.naming == "hf":

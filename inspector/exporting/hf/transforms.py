@@ -39,6 +39,39 @@ def expert_piece(t: torch.Tensor) -> torch.Tensor:
     return t.unsqueeze(0)
 
 
+def split_rows(t: torch.Tensor, groups: int, sizes: tuple[int, ...], part: int) -> torch.Tensor:
+    """Part ``part`` of rows fused as ``groups`` repeats of ``sizes`` blocks: Megatron's QKV
+    (per query group ``[q heads; k; v]``) or SwiGLU ``linear_fc1`` (``[gate; up]``, 1 group)."""
+    grouped = t.reshape(groups, sum(sizes), *t.shape[1:])
+    piece = grouped.narrow(1, sum(sizes[:part]), sizes[part])
+    return piece.reshape(groups * sizes[part], *t.shape[1:])
+
+
+def first_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """The first ``rows`` rows: a vocabulary padded for tensor parallelism, trimmed."""
+    return t[:rows]
+
+
+def fuse_rows(parts: list[torch.Tensor], groups: int) -> torch.Tensor:
+    """The inverse of :func:`split_rows` over all parts, as one layer's ``[1, rows, ...]``
+    chunk of Megatron's stacked tensor."""
+    grouped = [p.reshape(groups, -1, *p.shape[1:]) for p in parts]
+    fused = torch.cat(grouped, dim=1)
+    return fused.reshape(1, -1, *parts[0].shape[1:])
+
+
+def pad_rows(parts: list[torch.Tensor], rows: int) -> torch.Tensor:
+    """The one part with zero rows appended up to ``rows`` (Megatron's padded vocabulary)."""
+    (t,) = parts
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+def only(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The one part as it is."""
+    (t,) = parts
+    return t
+
+
 def zeros_per_row(t: torch.Tensor) -> torch.Tensor:
     """float32 zeros, one per row of ``t`` (torchtitan's initial ``expert_bias``, one per
     expert of a router gate [experts, dim])."""
@@ -57,6 +90,11 @@ def describe(transform: object) -> str | None:
         return f"expert {arguments['index']} of the stack"
     if function is expert_piece:
         return "one expert of torchtitan's stack"
+    if function is split_rows:
+        fused = f"{arguments['groups']} x {arguments['sizes']}"
+        return f"part {arguments['part']} of rows fused as {fused}"
+    if function is first_rows:
+        return f"first {arguments['rows']} rows (vocabulary padding dropped)"
     if function is zeros_per_row:
         return "zeros, one per row: torchtitan's initial value (HF has no such tensor)"
     return None

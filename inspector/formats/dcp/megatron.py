@@ -115,6 +115,24 @@ def describe(
     return shown, [*notes, *([stacked] if stacked else [])]
 
 
+def run_args(entries: list[Entry], load: Callable[[Entry], Any]) -> dict[str, Any]:
+    """The run's arguments (the common state's ``args``) as plain values: numbers, strings,
+    booleans and None as saved, a dtype as its name; other values are left out. Empty when
+    there is no decodable common state."""
+    common = common_entry(entries)
+    try:
+        state = load(common) if common is not None else None
+    except InspectorError:
+        return {}
+    fields = getattr(state.get("args") if isinstance(state, dict) else None, "fields", {})
+    plain = (bool, int, float, str, type(None))
+    return {
+        name: str(value) if isinstance(value, DtypeName) else value
+        for name, value in fields.items()
+        if isinstance(value, plain)
+    }
+
+
 def _stacked_note(entries: list[Entry], num_layers: Any) -> str | None:
     stacked = [e for e in entries if e.key.startswith(_STACKED) and e.shape]
     if not stacked:

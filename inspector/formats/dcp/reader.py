@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import dataclasses
+import functools
 import io
 import itertools
 import math
@@ -179,6 +180,12 @@ class DcpSource:
 
     def entries(self) -> list[Entry]:
         return self._entries
+
+    @functools.cached_property
+    def run_args(self) -> dict[str, Any]:
+        """The training run's arguments where the checkpoint saved them (Megatron's common
+        state ``args``, plain values only); empty otherwise."""
+        return megatron.run_args(self._entries, self._decoded) if self.megatron else {}
 
     def _name(self, chunk: ChunkInfo, key: str) -> str:
         """The chunk's file, checked to stay inside the folder (cached by the storage)."""

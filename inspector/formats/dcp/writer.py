@@ -14,7 +14,7 @@ import math
 import os
 import pickle
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +44,18 @@ class Chunk:
 
 
 def write_dcp(
-    folder: Path, chunks: Sequence[Chunk], progress: Callable[[Item], None], overwrite: bool
+    folder: Path,
+    chunks: Sequence[Chunk],
+    progress: Callable[[Item], None],
+    overwrite: bool,
+    objects: Mapping[str, bytes] | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> list[Path]:
-    """Write ``chunks`` (in order) as a DCP checkpoint in ``folder``; returns the files."""
+    """Write ``chunks`` (in order) as a DCP checkpoint in ``folder``; returns the files.
+
+    ``objects``: byte items (key -> the bytes DCP's loader hands ``torch.load``), stored
+    after the tensors; ``extra_files``: small files written beside (a producer's marker).
+    """
     layout = _layout(chunks)
     with new_folder(folder), atomic_files(folder, overwrite) as files:
         data = files.temp_for(folder / DATA_FILE)
@@ -55,11 +64,16 @@ def write_dcp(
             for chunk in chunks:
                 offset = f.seek(0, os.SEEK_END)
                 places.append((offset, append_archive(f, chunk.item, written)[0]))
-        body = pickle.dumps(_metadata(folder, chunks, places, layout))
-        metadata = files.temp_for(folder / METADATA_FILE)
-        with open(metadata, "wb") as out:
-            out.write(body)
-            os.fsync(out.fileno())
+            spans = {}
+            for key, body in (objects or {}).items():
+                spans[key] = (f.seek(0, os.SEEK_END), len(body))
+                f.write(body)
+        meta = _metadata(folder, chunks, places, layout, spans)
+        written_files = {METADATA_FILE: pickle.dumps(meta), **(extra_files or {})}
+        for name, body in written_files.items():
+            with open(files.temp_for(folder / name), "wb") as out:
+                out.write(body)
+                os.fsync(out.fileno())
         return files.commit()
 
 
@@ -111,6 +125,7 @@ def _metadata(
     chunks: Sequence[Chunk],
     places: list[tuple[int, int]],
     layout: dict[str, tuple[str, tuple[int, ...]]],
+    spans: Mapping[str, tuple[int, int]],
 ) -> Any:
     """torch's Metadata for the written chunks, as ``FileSystemWriter.finish`` builds it."""
     import torch
@@ -130,9 +145,13 @@ def _metadata(
         index = md.MetadataIndex(chunk.fqn, at, len(entry.chunks))
         entry.chunks.append(md.ChunkStorageMetadata(at, torch.Size(chunk.item.shape)))
         storage[index] = _StorageInfo(DATA_FILE, offset, length)
+    items: dict[str, Any] = dict(tensors)
+    for key, (offset, length) in spans.items():
+        items[key] = md.BytesStorageMetadata()
+        storage[md.MetadataIndex(key)] = _StorageInfo(DATA_FILE, offset, length)
     return md.Metadata(
-        state_dict_metadata=dict(tensors),
-        planner_data={fqn: (fqn,) for fqn in tensors},
+        state_dict_metadata=items,
+        planner_data={fqn: (fqn,) for fqn in items},
         storage_data=storage,
         storage_meta=md.StorageMeta(checkpoint_id=str(folder), save_id=uuid.uuid4().hex),
         version=CURRENT_DCP_VERSION,

@@ -1,0 +1,208 @@
+"""Megatron-Core GPT <-> Hugging Face (``format="hf"`` from torch_dist, ``format="megatron"``
+back), against the HF models Megatron's checkpoints were written from: real
+``save_checkpoint`` outputs at TP=1, TP=2 and PP=2, tied and untied, bf16 and fp32
+(tests/fixtures/megatron/generate_from_hf.py). Megatron itself is not imported here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import inspector
+from inspector.errors import ExportError
+from inspector.exporting.hf import megatron_gpt
+from inspector.exporting.hf.base import TensorMeta
+from inspector.ui.cli import main
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "megatron" / "from_hf"
+SCENARIOS = {
+    "untied_bf16_tp1": "untied_bf16",
+    "untied_bf16_tp2": "untied_bf16",
+    "untied_bf16_pp2": "untied_bf16",
+    "tied_fp32_tp1": "tied_fp32",
+    "qwen3_fp32_tp1": "qwen3_fp32",
+}
+TOKENS = torch.arange(0, 240, 15).reshape(1, 16) % 250
+
+
+def logits(folder: Path) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
+    assert not any(info.values()), info
+    with torch.no_grad():
+        return model.eval()(TOKENS).logits
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory) -> dict[str, tuple[Path, inspector.ExportResult]]:
+    root = tmp_path_factory.mktemp("megatron_hf")
+    return {
+        name: (root / name, inspector.export(FIXTURES / name, root / name, format="hf"))
+        for name in SCENARIOS
+    }
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_tensor_is_the_original_hf_models(exports, name) -> None:
+    ours = load_file(exports[name][0] / "model.safetensors")
+    original = load_file(FIXTURES / f"hf_{SCENARIOS[name]}" / "model.safetensors")
+    assert sorted(ours) == sorted(original)
+    for key, want in original.items():
+        got = ours[key]
+        # Megatron's bf16 runs keep their norms in float32 (the local spec's torch norms)
+        expected_dtype = torch.float32 if key.endswith("norm.weight") else want.dtype
+        assert got.dtype == expected_dtype and torch.equal(got, want.to(got.dtype)), key
+
+
+def test_a_bfloat16_export_is_the_original_bit_for_bit(tmp_path) -> None:
+    inspector.export(FIXTURES / "untied_bf16_pp2", tmp_path, format="hf", dtype="bfloat16")
+    ours = load_file(tmp_path / "model.safetensors")
+    original = load_file(FIXTURES / "hf_untied_bf16" / "model.safetensors")
+    assert ours.keys() == original.keys()
+    assert all(ours[k].dtype == v.dtype and torch.equal(ours[k], v) for k, v in original.items())
+
+
+@pytest.mark.parametrize("name", ["untied_bf16_tp2", "tied_fp32_tp1", "qwen3_fp32_tp1"])
+def test_from_pretrained_gives_the_original_logits(exports, name) -> None:
+    assert torch.equal(logits(exports[name][0]), logits(FIXTURES / f"hf_{SCENARIOS[name]}"))
+
+
+@pytest.mark.parametrize("name", ["untied_bf16_tp2", "untied_bf16_pp2"])
+def test_tp2_and_pp2_exports_equal_tp1(exports, name) -> None:
+    ours = (exports[name][0] / "model.safetensors").read_bytes()
+    tp1 = (exports["untied_bf16_tp1"][0] / "model.safetensors").read_bytes()
+    assert ours.split(b"source", 1)[0] == tp1.split(b"source", 1)[0]  # header up to metadata
+    assert ours[-1000:] == tp1[-1000:]
+    assert (
+        load_file(exports[name][0] / "model.safetensors").keys()
+        == load_file(exports["untied_bf16_tp1"][0] / "model.safetensors").keys()
+    )
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_config_comes_from_the_runs_args(exports, name) -> None:
+    config = json.loads((exports[name][0] / "config.json").read_text())
+    original = json.loads((FIXTURES / f"hf_{SCENARIOS[name]}" / "config.json").read_text())
+    fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "intermediate_size", "rms_norm_eps", "tie_word_embeddings",
+              "max_position_embeddings", "head_dim", "model_type")  # fmt: skip
+    assert {k: config[k] for k in fields} == {k: original[k] for k in fields}
+    architecture = original["architectures"][0]
+    assert config["architectures"] == [architecture]
+    result = exports[name][1]
+    assert result.arch == "megatron_gpt" and "stacked over 2 layers" in result.reason
+    assert architecture in result.reason
+
+
+def test_result_names_the_splits_and_the_trimmed_vocabulary(exports) -> None:
+    result = exports["untied_bf16_tp1"][1]
+    q = result.conversions["model.layers.1.self_attn.q_proj.weight"]
+    assert q.startswith("decoder.layers.self_attention.linear_qkv.weight: slice 1")
+    assert q.endswith("part 0 of rows fused as 2 x (32, 16, 16)")
+    assert "first 250 rows" in result.conversions["model.embed_tokens.weight"]
+    tied = exports["tied_fp32_tp1"][1]
+    assert "lm_head.weight" not in load_file(exports["tied_fp32_tp1"][0] / "model.safetensors")
+    assert tied.verification is not None and tied.verification.ok
+
+
+def test_assets_give_the_config_and_are_copied(tmp_path) -> None:
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    config = json.loads((FIXTURES / "hf_tied_fp32" / "config.json").read_text())
+    (assets / "config.json").write_text(json.dumps(config | {"vocab_size": 240}))
+    (assets / "tokenizer_config.json").write_text('{"model_max_length": 64}')
+    out = tmp_path / "out"
+    inspector.export(FIXTURES / "tied_fp32_tp1", out, format="hf", hf_assets=assets)
+    assert (out / "tokenizer_config.json").read_text() == '{"model_max_length": 64}'
+    embed = load_file(out / "model.safetensors")["model.embed_tokens.weight"]
+    original = load_file(FIXTURES / "hf_tied_fp32" / "model.safetensors")
+    assert torch.equal(embed, original["model.embed_tokens.weight"][:240])
+
+
+def test_the_cli_exports_a_run_folder(tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "tied_fp32_tp1", run / "iter_0000001")
+    (run / "latest_checkpointed_iteration.txt").write_text("1")
+    assert main(["export", str(run), str(tmp_path / "out"), "--format", "hf"]) == 0
+    assert "megatron_gpt" in capsys.readouterr().out
+    original = load_file(FIXTURES / "hf_tied_fp32" / "model.safetensors")
+    assert load_file(tmp_path / "out" / "model.safetensors").keys() == original.keys()
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def metas(name: str = "tied_fp32_tp1") -> dict[str, TensorMeta]:
+    ck = inspector.open(FIXTURES / name)
+    return {e.key: TensorMeta(tuple(e.shape or ()), torch.float32) for e in ck.entries()
+            if e.kind == "tensor"}  # fmt: skip
+
+
+def test_a_layer_count_that_disagrees_with_the_stack_names_the_key() -> None:
+    args = inspector.open(FIXTURES / "tied_fp32_tp1").run_args | {"num_layers": 3}
+    with pytest.raises(ExportError, match=r"num_layers=3 .*args.num_layers") as caught:
+        megatron_gpt.to_hf(metas(), None, args)
+    assert caught.value.key is not None and caught.value.key.startswith("decoder.layers.")
+
+
+def test_missing_args_name_the_fact_and_the_argument() -> None:
+    with pytest.raises(ExportError, match=r"num_hidden_layers .*args.num_layers.*hf_config"):
+        megatron_gpt.to_hf(metas(), None, None)
+    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    plan = megatron_gpt.to_hf(metas(), config, None)
+    assert plan.config["num_key_value_heads"] == 2 and plan.config["vocab_size"] == 256
+    assert any("vocab_size stays the padded 256" in n for n in plan.notes)
+
+
+def test_an_unknown_megatron_module_is_named() -> None:
+    found = metas() | {"decoder.layers.mlp.router.weight": TensorMeta((2, 4, 64), torch.float32)}
+    with pytest.raises(ExportError, match="no HF rule") as caught:
+        megatron_gpt.to_hf(found, None, inspector.open(FIXTURES / "tied_fp32_tp1").run_args)
+    assert caught.value.key == "decoder.layers.mlp.router.weight"
+
+
+def test_args_of_another_family_are_refused() -> None:
+    args = inspector.open(FIXTURES / "tied_fp32_tp1").run_args | {"swiglu": False}
+    with pytest.raises(ExportError, match=r"args\.swiglu=False"):
+        megatron_gpt.to_hf(metas(), None, args)
+
+
+# --- and back -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["untied_bf16_tp1", "tied_fp32_tp1", "qwen3_fp32_tp1"])
+def test_hf_to_megatron_equals_megatrons_own_save(tmp_path, name) -> None:
+    out = tmp_path / "megatron"
+    result = inspector.export(FIXTURES / f"hf_{SCENARIOS[name]}", out, format="megatron")
+    assert result.verification is not None and result.verification.ok
+    ours, theirs = inspector.open(out), inspector.open(FIXTURES / name)
+    assert ours.producer == theirs.producer == "megatron-core"
+    tensors = [e.key for e in theirs.entries() if e.kind == "tensor"]
+    assert sorted(e.key for e in ours.entries() if e.kind == "tensor") == sorted(tensors)
+    for key in tensors:
+        assert torch.equal(ours.read(key), theirs.read(key)), key
+    objects = {e.key for e in theirs.entries() if e.kind == "object"}
+    objects.discard("rerun_state_machine_state/shard_0_1")  # training state, not the model
+    assert {e.key for e in ours.entries() if e.kind == "object"} == objects
+    assert all(ours.read_object(k) is None for k in objects if "_extra_state" in k)
+    wanted = theirs.run_args
+    for field in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                  "num_query_groups", "group_query_attention", "kv_channels",
+                  "padded_vocab_size", "untie_embeddings_and_output_weights", "swiglu",
+                  "normalization", "rotary_base", "layernorm_epsilon", "params_dtype",
+                  "max_position_embeddings"):  # fmt: skip
+        assert ours.run_args[field] == wanted[field], field
+    back = tmp_path / "hf"
+    inspector.export(out, back, format="hf")
+    original = load_file(FIXTURES / f"hf_{SCENARIOS[name]}" / "model.safetensors")
+    again = load_file(back / "model.safetensors")
+    assert (
+        all(torch.equal(again[k], v) for k, v in original.items())
+        and again.keys() == original.keys()
+    )

@@ -20,7 +20,7 @@ from inspector import dtypes
 from inspector.errors import CorruptCheckpointError, UnsupportedError
 from inspector.formats import safe_pickle
 from inspector.formats.base import bytes_view
-from inspector.formats.safe_pickle import DtypeName, SubclassRef, TensorRef
+from inspector.formats.safe_pickle import DtypeName, NumpyArray, SubclassRef, TensorRef
 from inspector.formats.safe_pickle.stdlib import Namespace
 from inspector.storage.base import Stream, WindowReader
 from inspector.storage.digest import crc32
@@ -336,8 +336,8 @@ def read_storage_tensor(
 
 def materialize(value: Any, read: Callable[[TensorRef], Any]) -> Any:
     """Replace every TensorRef in ``value`` (containers, subclass attributes, a saved
-    namespace's fields) by ``read(ref)``, and every dtype name a pickle gave by the
-    ``torch.dtype``. Shared sub-objects are
+    namespace's fields) by ``read(ref)``, every dtype name a pickle gave by the
+    ``torch.dtype`` and every numpy array record by the array. Shared sub-objects are
     materialised once and stay shared; cycles are kept as they are."""
     done: dict[int, Any] = {}
     return _materialize(value, read, done)
@@ -351,6 +351,9 @@ def _materialize(value: Any, read: Callable[[TensorRef], Any], done: dict[int, A
         return result
     if isinstance(value, DtypeName):
         return dtypes.to_torch(str(value))
+    if isinstance(value, NumpyArray):  # checked bytes of a plain dtype: numpy.frombuffer
+        result = done[id(value)] = value.to_numpy()
+        return result
     if isinstance(value, SubclassRef):
         attrs = {k: _materialize(v, read, done) for k, v in value.attrs.items()}
         data = read(value.data) if isinstance(value.data, TensorRef) else value.data

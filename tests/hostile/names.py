@@ -1,0 +1,67 @@
+"""Class 7, bounded work on absurd names: keys of a million dots, deep empty segments or one
+huge segment, browsed as the app's tree does it (every view, every node walked and named).
+The work must stay linear in the key bytes: a generous time bound for a loaded 2-core
+machine, and doubling the input may at most about double the time."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.hostile.trust import Report, TrustCase
+
+SECONDS = 8.0  # one browse of a 1 MB key; a linear walk takes well under one
+SHAPES = {
+    "dots": lambda n: "." * n,
+    "empty-segments": lambda n: "model." + "." * n + "weight",
+    "short-segments": lambda n: "a." * (n // 2),
+    "one-segment": lambda n: "x" * n,
+    "mixed": lambda n: ("layers..0." * (n // 10)),
+}
+
+
+def _browse(keys: list[str]) -> int:
+    """Build the tree of ``keys`` in every view, walk every node, read its name, totals and
+    entry, and find each key again: what the app's tree and key pickers do."""
+    from inspector.entry import Entry
+    from inspector.keys.spellings import VIEWS
+    from inspector.keys.tree import build_tree
+
+    entries = [Entry(key=k, kind="tensor", dtype="float32", shape=(2,)) for k in keys]
+    seen = 0
+    for view in VIEWS:
+        root = build_tree(entries, view)
+        for node in root.walk():
+            seen += len(node.name) + node.count + node.nbytes
+            node.entry  # noqa: B018
+        assert root.count == len(keys)
+    return seen
+
+
+def _timed(keys: list[str]) -> float:
+    began = time.perf_counter()
+    _browse(keys)
+    return time.perf_counter() - began
+
+
+def run(args: dict[str, Any], report: Report) -> None:
+    from tests.hostile.guard import guarded
+
+    shape = SHAPES[args["shape"]]
+    n = args["bytes"]
+    with guarded(Path(args["tmp"])):
+        _timed([shape(n // 8), "plain.weight"])  # warm
+        half = min(_timed([shape(n // 2), "plain.weight"]) for _ in range(2))
+        whole = min(_timed([shape(n), "plain.weight"]) for _ in range(2))
+    report({"half": half, "whole": whole})
+    assert whole < SECONDS, f"{whole:.1f} s for a {n}-byte key"
+    # linear: twice the bytes, about twice the time (quadratic would be four times)
+    assert whole < 3.0 * half + 0.05, f"{half:.3f} s -> {whole:.3f} s for twice the bytes"
+
+
+CASES = {
+    f"names:{shape}": TrustCase("tests.hostile.names:run", {"shape": shape, "bytes": 1 << 20},
+                                seconds=120)
+    for shape in SHAPES
+}

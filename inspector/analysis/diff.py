@@ -296,7 +296,7 @@ def _parts(item: Any) -> tuple[bytes, list[Any]] | None:
     if isinstance(item, Opaque):
         return utf8(item.global_name), [item.args, item.kwargs, item.state, item.items]
     if isinstance(item, NumpyArray):
-        return b"ndarray", [item.shape, item.dtype.code if item.dtype else None, item.data]
+        item = item.to_numpy()
     if type(item).__name__ == "ndarray" and type(item).__module__ == "numpy":
         return b"ndarray", [item.shape, item.dtype.str[1:], item.tobytes()]
     return None

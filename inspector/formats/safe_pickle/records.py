@@ -295,13 +295,14 @@ class NumpyArray(metaclass=FrozenClass):
         self.shape: tuple[int, ...] = ()
         self.dtype: NumpyDtype | None = None
         self.data = b""
+        self.fortran = False
 
     def __setstate__(self, state: Any) -> None:
         if not isinstance(state, tuple) or len(state) != 5:
             raise ValueError(f"numpy array state {bounded_repr(state, 200)} is malformed")
-        _, shape, dtype, _fortran, data = state
-        if not isinstance(dtype, NumpyDtype):
-            raise ValueError("numpy array of an unsupported dtype")
+        _, shape, dtype, fortran, data = state
+        if not isinstance(dtype, NumpyDtype) or type(fortran) is not bool:
+            raise ValueError("numpy array of an unsupported dtype or order")
         if not (isinstance(shape, tuple) and all(type(n) is int and n >= 0 for n in shape)):
             raise ValueError(f"numpy array shape {bounded_repr(shape, 200)} is malformed")
         if not isinstance(data, (bytes, bytearray, str)) or len(data) != math.prod(shape) * (
@@ -311,7 +312,7 @@ class NumpyArray(metaclass=FrozenClass):
         if not isinstance(data, bytes):
             budget.charge(len(data), "numpy array data")
             data = data.encode("latin-1") if isinstance(data, str) else bytes(data)
-        self.shape, self.dtype, self.data = shape, dtype, data
+        self.shape, self.dtype, self.data, self.fortran = shape, dtype, data, fortran
 
     def to_numpy(self) -> Any:
         """The array, built from its checked bytes with ``numpy.frombuffer``."""
@@ -319,7 +320,8 @@ class NumpyArray(metaclass=FrozenClass):
 
         if self.dtype is None:
             return numpy.empty(self.shape)
-        return numpy.frombuffer(self.data, dtype=self.dtype.code).reshape(self.shape).copy()
+        flat = numpy.frombuffer(self.data, dtype=self.dtype.code)
+        return flat.reshape(self.shape, order="F" if self.fortran else "C").copy()
 
     def __repr__(self) -> str:
         code = self.dtype.code if self.dtype else "?"

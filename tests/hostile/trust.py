@@ -35,8 +35,10 @@ def prepare(setup: dict[str, Any]) -> None:
     import fsspec.implementations.http  # noqa: F401
     import matplotlib
     import numpy
+    import pandas  # noqa: F401
     import safetensors.torch  # noqa: F401
     import torch
+    import tqdm.auto  # noqa: F401
 
     import inspector
     import inspector.ui.cli  # noqa: F401

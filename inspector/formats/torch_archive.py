@@ -129,7 +129,9 @@ class TorchArchive(StoredTensors):
         if not top:
             raise CorruptCheckpointError("torch archive has no data.pkl record", file=path, key=key)
         self.prefix = top[0][: -len("data.pkl")]
-        self._infos = {i.filename: i for i in infos}
+        self._infos: dict[str, zipfile.ZipInfo] = {}
+        for info in infos:  # torch reads the first of records sharing a name; zipfile the last
+            self._infos.setdefault(info.filename, info)
         order = (
             self._record_bytes("byteorder")
             if self.prefix + "byteorder" in self._infos

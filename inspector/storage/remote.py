@@ -767,10 +767,10 @@ def _classify(exc: BaseException) -> tuple[str, int | None]:
     # fsspec's http info turns a timed-out HEAD into FileNotFoundError: a timeout anywhere
     # in the chain, without a status, is a stalled server, not a missing file.
     timed_out = status is None and any(isinstance(e, TimeoutError) for e in chain)
-    if status == 404 or not timed_out and (
+    if status == 404 or (not timed_out and (
         any(isinstance(e, FileNotFoundError) for e in chain)
         or any(n.endswith("NotFoundError") for n in names)
-    ):
+    )):
         return "missing", status or 404
     if status in (401, 403) or any(isinstance(e, PermissionError) for e in chain) or any(
         str(e).startswith("Forbidden") for e in chain

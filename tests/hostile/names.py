@@ -1,4 +1,5 @@
-"""Class 7, bounded work on absurd names: keys of dots, deep empty segments or short segments, browsed as the app's tree does it (every view, every node walked and named).
+"""Class 7, bounded work on absurd names: keys of dots, deep empty segments or short
+segments, browsed as the app's tree does it (every node walked and named).
 The work must stay linear in the key bytes: a generous time bound for a loaded 2-core
 machine, and doubling the input may at most about double the time."""
 

@@ -41,7 +41,7 @@ def prepare(setup: dict[str, Any]) -> None:
     import tqdm.auto  # noqa: F401
 
     import inspector
-    import inspector.ui.cli  # noqa: F401
+    import inspector.ui.cli
     from inspector.analysis.stats import Histogram
     from inspector.ui.views.plots import png
     from tests.hostile import guard  # noqa: F401

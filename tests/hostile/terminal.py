@@ -63,8 +63,6 @@ def _saved(payload: str, folder: Path, storage: str) -> tuple[Path, dict[str, An
 
 
 def run(args: dict[str, Any], report: Report) -> None:
-    from tests.hostile.guard import guarded
-
     tmp = Path(args["tmp"])
     payload = PAYLOADS[args["payload"]]
     path, keys = _saved(payload, tmp, args["storage"])
@@ -79,24 +77,23 @@ def run(args: dict[str, Any], report: Report) -> None:
         ["diff", str(path), str(other)],
         ["audit", str(path)],
         ["fingerprint", str(path)],
-        ["check", str(path)],
+        ["check", str(path), "--against", str(other)],
     ]
     if args["storage"] == "pt":
         commands.append(["export", str(path), str(tmp / "out.pt"), "--format", "pt"])
-    with guarded(tmp):
-        for command in commands:
-            code, out, err = _cli(command)
-            report({"command": command[0], "code": code})
-            raw = ACTIVE.search(out + err)
-            assert raw is None, f"{command[0]}: {raw.group()!r} reached the terminal: {out + err!r}"
-            assert command[0] != "show" or code == (2 if "missing" in command[2] else 0), code
-            assert code != 2 or "error:" in err, (command[0], err)
-        code, out, _ = _cli(["ls", str(path), "--json"])
-        listed = {row["key"] for row in json.loads(out)["entries"]}
-        assert code == 0 and set(keys) <= listed, listed
-        code, out, _ = _cli(["fingerprint", str(path), "--json"])
-        printed = {t["key"] for t in json.loads(out)["tensors"].values()}
-        assert code == 0 and printed and printed <= set(keys), printed
+    for command in commands:
+        code, out, err = _cli(command)
+        report({"command": command[0], "code": code})
+        raw = ACTIVE.search(out + err)
+        assert raw is None, f"{command[0]}: {raw.group()!r} reached the terminal: {out + err!r}"
+        assert command[0] != "show" or code == (2 if "missing" in command[2] else 0), code
+        assert code != 2 or "error:" in err, (command[0], err)
+    code, out, _ = _cli(["ls", str(path), "--json"])
+    listed = {row["key"] for row in json.loads(out)["entries"]}
+    assert code == 0 and set(keys) <= listed, listed
+    code, out, _ = _cli(["fingerprint", str(path), "--json"])
+    printed = {t["key"] for t in json.loads(out)["tensors"].values()}
+    assert code == 0 and printed and printed <= set(keys), printed
 
 
 def _cases() -> dict[str, TrustCase]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile import names, network, numpy_values, plotting, terminal
+from tests.hostile import browsable, names, network, numpy_values, plotting, terminal
 from tests.hostile.zygote import Zygote
 
 FAMILIES = {
@@ -20,6 +20,8 @@ FAMILIES = {
     "network": network.CASES,
     "names": names.CASES,
     "numpy": numpy_values.CASES,
+    "browsable": {n: c for n, c in browsable.CASES.items() if n.startswith("browsable:")},
+    "agreement": {n: c for n, c in browsable.CASES.items() if n.startswith("agreement:")},
 }
 CASES = {name: case for cases in FAMILIES.values() for name, case in cases.items()}
 

@@ -9,6 +9,7 @@ buffer. torch is imported only when a tensor is materialised.
 
 from __future__ import annotations
 
+import collections
 import math
 import struct
 import zipfile
@@ -116,7 +117,14 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"not a readable torch.save archive ({_describe(exc)})", file=path, key=key
             ) from exc
-        packed = next((i for i in infos if i.compress_type or i.flag_bits & _ENCRYPTED), None)
+        packed = next(  # a compressed storage record marks only its keys (see ``record``)
+            (
+                i
+                for i in infos
+                if i.flag_bits & _ENCRYPTED or (i.compress_type and "/data/" not in i.filename)
+            ),
+            None,
+        )
         if packed is not None:
             how = "encrypted" if packed.flag_bits & _ENCRYPTED else "compressed"
             raise UnsupportedError(
@@ -129,9 +137,12 @@ class TorchArchive(StoredTensors):
         if not top:
             raise CorruptCheckpointError("torch archive has no data.pkl record", file=path, key=key)
         self.prefix = top[0][: -len("data.pkl")]
-        self._infos: dict[str, zipfile.ZipInfo] = {}
-        for info in infos:  # torch reads the first of records sharing a name; zipfile the last
-            self._infos.setdefault(info.filename, info)
+        self._infos = {i.filename: i for i in infos}
+        # Records sharing a name: torch's reader finds one by binary search over the sorted
+        # directory (first or last depending on the other names), zipfile takes the last.
+        # Neither is the answer: such a record is refused (a storage only for its keys).
+        counts = collections.Counter(i.filename for i in infos)
+        self._shared_names = {name: n for name, n in counts.items() if n > 1}
         order = (
             self._record_bytes("byteorder")
             if self.prefix + "byteorder" in self._infos
@@ -146,6 +157,7 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"torch archive lacks record {name!r}", file=self.path, key=self.key
             )
+        self._check_unique(info.filename)
         if info.file_size > limit or info.compress_size > self.length:
             raise CorruptCheckpointError(
                 f"record {name!r} claims {info.file_size} bytes", file=self.path, key=self.key
@@ -158,6 +170,15 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"cannot read record {name!r} ({_describe(exc)})", file=self.path, key=self.key
             ) from exc
+
+    def _check_unique(self, name: str) -> None:
+        if name in self._shared_names:
+            raise CorruptCheckpointError(
+                f"the archive holds {self._shared_names[name]} records named {name!r}; "
+                "which one torch.load reads depends on the other names: refusing it",
+                file=self.path,
+                key=self.key,
+            )
 
     def _stored_bytes(self, info: zipfile.ZipInfo) -> bytes:
         """A stored record's bytes, checked against its CRC-32 unless the writer turned CRCs
@@ -190,6 +211,7 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"torch archive lacks storage record {name!r}", file=self.path, key=self.key
             )
+        self._check_unique(name)
         if info.compress_type != zipfile.ZIP_STORED:
             raise UnsupportedError(
                 f"storage record {name!r} is compressed", file=self.path, key=self.key

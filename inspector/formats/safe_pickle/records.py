@@ -166,6 +166,18 @@ class StorageRef:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokenTensor:
+    """A tensor rebuild whose arguments describe no readable tensor (a size or stride that
+    is not a list of small ints, an offset past its storage, ...): only its key is marked,
+    with ``reason``; the rest of the pickle decodes."""
+
+    reason: str
+
+    def __setstate__(self, state: Any) -> None:
+        """Already unreadable: state changes nothing."""
+
+
+@dataclass(frozen=True, slots=True)
 class TensorRef:
     """A plain tensor described by a pickle: a strided view into a storage record."""
 
@@ -175,9 +187,13 @@ class TensorRef:
     stride: tuple[int, ...]
     dtype: str
     requires_grad: bool = False
+    damage: str | None = None  # why its key cannot be read (set by BUILD only)
 
     def __setstate__(self, state: Any) -> None:
-        raise TypeError("TensorRef cannot be given state")
+        """torch would re-point the tensor with ``set_(*state)``: its values are not the
+        described ones, so the key is marked unreadable (nothing else changes)."""
+        damage = f"the pickle gives the tensor state {bounded_repr(state, 100)}; refusing it"
+        object.__setattr__(self, "damage", damage)
 
     @property
     def extent(self) -> int:

@@ -340,6 +340,8 @@ def read_storage_tensor(
     stored element is read as that element and expanded, not copied out."""
     import torch
 
+    if ref.damage is not None:  # torch would not load the described values
+        raise CorruptCheckpointError(ref.damage, file=file, key=key)
     dtype = dtypes.to_torch(ref.dtype)
     if not math.prod(ref.shape):
         return torch.empty(ref.shape, dtype=dtype)

@@ -37,6 +37,37 @@ def _browse(keys: list[str]) -> int:
     return seen
 
 
+def _outline(keys: list[str]) -> None:
+    """What the app's tree pane does with them: open everything, list the rows, reveal
+    each key, in every view."""
+    from inspector.entry import Entry
+    from inspector.keys.tree import build_tree
+    from inspector.ui.views.outline import Outline
+
+    entries = [Entry(key=k, kind="tensor", dtype="float32", shape=(2,)) for k in keys]
+    for view in ("stored", "flattened", "prefixed"):
+        outline = Outline(build_tree(entries, view))
+        assert outline.expand_all(limit=1000)
+        rows = outline.rows()
+        assert rows and sum(r.count for r in rows if r.depth == 0) == len(keys)
+        for key in keys:
+            outline.reveal(key)
+        outline.rows()
+
+
+def outline(args: dict[str, Any], report: Report) -> None:
+    """The tree pane on keys of ``bytes`` (1 MB): bounded, whatever their depth."""
+    from tests.hostile.guard import guarded
+
+    keys = [SHAPES[args["shape"]](args["bytes"]), "plain.weight"]
+    with guarded(Path(args["tmp"])):
+        began = time.perf_counter()
+        _outline(keys)
+        seconds = time.perf_counter() - began
+    report({"seconds": seconds})
+    assert seconds < SECONDS, f"{seconds:.1f} s for the tree pane on a {args['bytes']}-byte key"
+
+
 def _timed(keys: list[str]) -> float:
     began = time.perf_counter()
     _browse(keys)
@@ -59,7 +90,16 @@ def run(args: dict[str, Any], report: Report) -> None:
 
 
 CASES = {
-    f"names:{shape}": TrustCase("tests.hostile.names:run", {"shape": shape, "bytes": 1 << 15},
-                                seconds=120)
-    for shape in SHAPES
+    **{
+        f"names:{shape}": TrustCase(
+            "tests.hostile.names:run", {"shape": shape, "bytes": 1 << 15}, seconds=120
+        )
+        for shape in SHAPES
+    },
+    **{
+        f"names:outline-{shape}": TrustCase(
+            "tests.hostile.names:outline", {"shape": shape, "bytes": 1 << 20}, seconds=120
+        )
+        for shape in SHAPES
+    },
 }

@@ -21,7 +21,13 @@ from inspector import dtypes
 from inspector.errors import CorruptCheckpointError, UnsupportedError
 from inspector.formats import safe_pickle
 from inspector.formats.base import bytes_view
-from inspector.formats.safe_pickle import DtypeName, NumpyArray, SubclassRef, TensorRef
+from inspector.formats.safe_pickle import (
+    BrokenTensor,
+    DtypeName,
+    NumpyArray,
+    SubclassRef,
+    TensorRef,
+)
 from inspector.formats.safe_pickle.stdlib import Namespace
 from inspector.storage.base import Stream, WindowReader
 from inspector.storage.digest import crc32
@@ -76,6 +82,15 @@ class StoredTensors:
     def load(self) -> Any:
         raise NotImplementedError
 
+    def load_whole(self) -> Any:
+        """:meth:`load`, refused when a tensor in it is described by arguments that describe
+        none (a reader of one value at a time has no other keys to keep browsable)."""
+        value = self.load()
+        why = broken_reason(value)
+        if why is not None:
+            raise CorruptCheckpointError(why, file=self.path, key=self.key)
+        return value
+
     def record(self, storage_key: str) -> Record:
         raise NotImplementedError
 
@@ -93,7 +108,7 @@ class StoredTensors:
         """Where the archive's tensor bytes lie (stream offsets) when it holds one plain
         contiguous tensor of ``shape`` and ``dtype`` (checked against its record); else None.
         The record's CRC-32 comes along when the tensor's bytes are the whole record."""
-        ref = self.load()
+        ref = self.load_whole()
         if not isinstance(ref, TensorRef) or ref.storage is None:
             return None
         if (ref.shape, ref.dtype) != (tuple(shape), dtype) or ref.stride != contiguous_strides(
@@ -408,6 +423,17 @@ def _materialize(value: Any, read: Callable[[TensorRef], Any], done: dict[int, A
 def tensor_refs(value: Any) -> Iterator[TensorRef]:
     """Every distinct TensorRef that ``materialize`` would read, each once, in order
     (a walk bounded by the decoded object's size, shared parts visited once)."""
+    return (item for item in _items(value) if isinstance(item, TensorRef))
+
+
+def broken_reason(value: Any) -> str | None:
+    """Why a tensor in ``value`` cannot be read: the first BrokenTensor's reason, if any."""
+    broken = next((i for i in _items(value) if isinstance(i, BrokenTensor)), None)
+    return None if broken is None else broken.reason
+
+
+def _items(value: Any) -> Iterator[Any]:
+    """``value`` and everything ``materialize`` walks into, each once, in order."""
     seen: set[int] = set()
     stack = [value]
     while stack:
@@ -415,9 +441,8 @@ def tensor_refs(value: Any) -> Iterator[TensorRef]:
         if id(item) in seen:
             continue
         seen.add(id(item))
-        if isinstance(item, TensorRef):
-            yield item
-        elif isinstance(item, SubclassRef):
+        yield item
+        if isinstance(item, SubclassRef):
             stack.extend(reversed([*item.attrs.values(), item.data]))
         elif isinstance(item, dict):
             stack.extend(reversed(list(item.values())))

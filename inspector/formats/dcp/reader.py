@@ -207,7 +207,7 @@ class DcpSource:
             )
         with self._item(entry, chunk) as (f, length, label):
             archive = self._archive(f, length, label, chunk, entry.key)
-            value = archive.load()
+            value = archive.load_whole()
             if isinstance(value, SubclassRef):
                 _check_shape(value.shape, chunk, entry, label)
                 return archive.materialize(value)
@@ -241,7 +241,7 @@ class DcpSource:
                 return f.read(length)
             f.seek(0)
             archive = TorchArchive(f, label, length, entry.key)
-            value = archive.load()
+            value = archive.load_whole()
             value = archive.materialize(value) if materialize else value
         return megatron.unwrap(entry.key, value) if self.megatron else value
 

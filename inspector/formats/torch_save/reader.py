@@ -27,6 +27,7 @@ from inspector.formats.torch_archive import (
     Record,
     StoredTensors,
     TorchArchive,
+    broken_reason,
     check_fits,
     contiguous_strides,
     is_legacy_torch,
@@ -88,7 +89,7 @@ class TorchSaveSource:
         if isinstance(leaf, BrokenTensor):
             return Entry(key, "tensor", nested_path=path, error=leaf.reason)
         problems = [p for p in map(self._problem, tensor_refs(leaf)) if p]
-        error = problems[0] if problems else _partial_dtensor(leaf)
+        error = broken_reason(leaf) or (problems[0] if problems else _partial_dtensor(leaf))
         if not isinstance(leaf, (TensorRef, SubclassRef)):
             return Entry(key, "object", nested_path=path, error=error)
         chunks = () if error else (self._chunk(leaf),)

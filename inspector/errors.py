@@ -94,3 +94,8 @@ class ExportError(InspectorError):
 class StorageAccessError(InspectorError):
     """The storage holding the checkpoint refused or failed a request (access denied, a
     timeout, a server error, a server that ignores byte ranges); the files may be fine."""
+
+
+class RemoteError(StorageAccessError):
+    """A remote server misbehaved: stalled, trickled, sent more than was asked for or an
+    encoding that was not asked for. The message names the URL without credentials."""

@@ -81,3 +81,9 @@ def _atom(value: Any) -> str:
     if isinstance(shape, tuple) and dtype is not None:
         return f"<{type(value).__name__} {str(dtype).removeprefix('torch.')} {list(shape)}>"
     return f"<{type(value).__name__}>"
+
+
+def utf8(text: str) -> bytes:
+    """UTF-8 bytes of any ``str``, a lone surrogate included (strings decoded from a pickle
+    may hold one), one to one: what every digest of a key or name hashes."""
+    return text.encode("utf-8", "surrogatepass")

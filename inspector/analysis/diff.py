@@ -33,7 +33,7 @@ from inspector.checkpoint import as_checkpoint
 from inspector.errors import UnsupportedError
 from inspector.formats.base import bytes_view
 from inspector.formats.safe_pickle import NumpyArray, Opaque, SubclassRef
-from inspector.reprs import bounded_repr
+from inspector.reprs import bounded_repr, utf8
 from inspector.tensors import broadcast
 
 if TYPE_CHECKING:
@@ -301,11 +301,13 @@ def _parts(item: Any) -> tuple[bytes, list[Any]] | None:
     if isinstance(item, slice):
         return b"slice", [item.start, item.stop, item.step]
     if isinstance(item, SubclassRef):
-        return item.cls.encode(), [item.dtype, item.shape, item.attrs, item.data]
+        return utf8(item.cls), [item.dtype, item.shape, item.attrs, item.data]
     if isinstance(item, Opaque):
-        return item.global_name.encode(), [item.args, item.kwargs, item.state, item.items]
+        return utf8(item.global_name), [item.args, item.kwargs, item.state, item.items]
     if isinstance(item, NumpyArray):
-        return b"ndarray", [item.shape, item.dtype.code if item.dtype else None, item.data]
+        item = item.to_numpy()
+    if type(item).__name__ == "ndarray" and type(item).__module__ == "numpy":
+        return b"ndarray", [item.shape, item.dtype.str[1:], item.tobytes()]
     return None
 
 
@@ -313,7 +315,7 @@ def _leaf_hash(item: Any) -> bytes:
     if isinstance(item, torch.Tensor):
         return tensor_hash(item).encode()
     if isinstance(item, str):
-        data = b"str:" + item.encode("utf-8", "surrogatepass")
+        data = b"str:" + utf8(item)
     elif isinstance(item, (bytes, bytearray)):
         data = b"bytes:" + bytes(item)
     elif isinstance(item, int) and not isinstance(item, bool):

@@ -36,6 +36,7 @@ from inspector.entry import Entry, layout_problem
 from inspector.errors import CorruptCheckpointError
 from inspector.formats.base import bytes_view
 from inspector.keys.spellings import canonical_name
+from inspector.reprs import utf8
 from inspector.storage.blocks import BLOCK, BlockReader
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ def _whole(pairs: Iterable[tuple[str, str]]) -> str:
     """The checkpoint digest over (canonical name, tensor digest) pairs in name order."""
     whole = _new()
     for name, digest in pairs:
-        whole.update(name.encode() + b"\0" + bytes.fromhex(digest))
+        whole.update(utf8(name) + b"\0" + bytes.fromhex(digest))
     return whole.hexdigest(DIGEST_BYTES)
 
 

@@ -9,6 +9,7 @@ buffer. torch is imported only when a tensor is materialised.
 
 from __future__ import annotations
 
+import collections
 import math
 import struct
 import zipfile
@@ -20,7 +21,13 @@ from inspector import dtypes
 from inspector.errors import CorruptCheckpointError, UnsupportedError
 from inspector.formats import safe_pickle
 from inspector.formats.base import bytes_view
-from inspector.formats.safe_pickle import DtypeName, SubclassRef, TensorRef
+from inspector.formats.safe_pickle import (
+    BrokenTensor,
+    DtypeName,
+    NumpyArray,
+    SubclassRef,
+    TensorRef,
+)
 from inspector.formats.safe_pickle.stdlib import Namespace
 from inspector.storage.base import Stream, WindowReader
 from inspector.storage.digest import crc32
@@ -75,6 +82,15 @@ class StoredTensors:
     def load(self) -> Any:
         raise NotImplementedError
 
+    def load_whole(self) -> Any:
+        """:meth:`load`, refused when a tensor in it is described by arguments that describe
+        none (a reader of one value at a time has no other keys to keep browsable)."""
+        value = self.load()
+        why = broken_reason(value)
+        if why is not None:
+            raise CorruptCheckpointError(why, file=self.path, key=self.key)
+        return value
+
     def record(self, storage_key: str) -> Record:
         raise NotImplementedError
 
@@ -92,7 +108,7 @@ class StoredTensors:
         """Where the archive's tensor bytes lie (stream offsets) when it holds one plain
         contiguous tensor of ``shape`` and ``dtype`` (checked against its record); else None.
         The record's CRC-32 comes along when the tensor's bytes are the whole record."""
-        ref = self.load()
+        ref = self.load_whole()
         if not isinstance(ref, TensorRef) or ref.storage is None:
             return None
         if (ref.shape, ref.dtype) != (tuple(shape), dtype) or ref.stride != contiguous_strides(
@@ -116,7 +132,14 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"not a readable torch.save archive ({_describe(exc)})", file=path, key=key
             ) from exc
-        packed = next((i for i in infos if i.compress_type or i.flag_bits & _ENCRYPTED), None)
+        packed = next(  # a compressed storage record marks only its keys (see ``record``)
+            (
+                i
+                for i in infos
+                if i.flag_bits & _ENCRYPTED or (i.compress_type and "/data/" not in i.filename)
+            ),
+            None,
+        )
         if packed is not None:
             how = "encrypted" if packed.flag_bits & _ENCRYPTED else "compressed"
             raise UnsupportedError(
@@ -130,6 +153,11 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError("torch archive has no data.pkl record", file=path, key=key)
         self.prefix = top[0][: -len("data.pkl")]
         self._infos = {i.filename: i for i in infos}
+        # Records sharing a name: torch's reader finds one by binary search over the sorted
+        # directory (first or last depending on the other names), zipfile takes the last.
+        # Neither is the answer: such a record is refused (a storage only for its keys).
+        counts = collections.Counter(i.filename for i in infos)
+        self._shared_names = {name: n for name, n in counts.items() if n > 1}
         order = (
             self._record_bytes("byteorder")
             if self.prefix + "byteorder" in self._infos
@@ -144,6 +172,7 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"torch archive lacks record {name!r}", file=self.path, key=self.key
             )
+        self._check_unique(info.filename)
         if info.file_size > limit or info.compress_size > self.length:
             raise CorruptCheckpointError(
                 f"record {name!r} claims {info.file_size} bytes", file=self.path, key=self.key
@@ -156,6 +185,15 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"cannot read record {name!r} ({_describe(exc)})", file=self.path, key=self.key
             ) from exc
+
+    def _check_unique(self, name: str) -> None:
+        if name in self._shared_names:
+            raise CorruptCheckpointError(
+                f"the archive holds {self._shared_names[name]} records named {name!r}; "
+                "which one torch.load reads depends on the other names: refusing it",
+                file=self.path,
+                key=self.key,
+            )
 
     def _stored_bytes(self, info: zipfile.ZipInfo) -> bytes:
         """A stored record's bytes, checked against its CRC-32 unless the writer turned CRCs
@@ -188,6 +226,7 @@ class TorchArchive(StoredTensors):
             raise CorruptCheckpointError(
                 f"torch archive lacks storage record {name!r}", file=self.path, key=self.key
             )
+        self._check_unique(name)
         if info.compress_type != zipfile.ZIP_STORED:
             raise UnsupportedError(
                 f"storage record {name!r} is compressed", file=self.path, key=self.key
@@ -316,6 +355,8 @@ def read_storage_tensor(
     stored element is read as that element and expanded, not copied out."""
     import torch
 
+    if ref.damage is not None:  # torch would not load the described values
+        raise CorruptCheckpointError(ref.damage, file=file, key=key)
     dtype = dtypes.to_torch(ref.dtype)
     if not math.prod(ref.shape):
         return torch.empty(ref.shape, dtype=dtype)
@@ -336,8 +377,8 @@ def read_storage_tensor(
 
 def materialize(value: Any, read: Callable[[TensorRef], Any]) -> Any:
     """Replace every TensorRef in ``value`` (containers, subclass attributes, a saved
-    namespace's fields) by ``read(ref)``, and every dtype name a pickle gave by the
-    ``torch.dtype``. Shared sub-objects are
+    namespace's fields) by ``read(ref)``, every dtype name a pickle gave by the
+    ``torch.dtype`` and every numpy array record by the array. Shared sub-objects are
     materialised once and stay shared; cycles are kept as they are."""
     done: dict[int, Any] = {}
     return _materialize(value, read, done)
@@ -351,6 +392,9 @@ def _materialize(value: Any, read: Callable[[TensorRef], Any], done: dict[int, A
         return result
     if isinstance(value, DtypeName):
         return dtypes.to_torch(str(value))
+    if isinstance(value, NumpyArray):  # checked bytes of a plain dtype: numpy.frombuffer
+        result = done[id(value)] = value.to_numpy()
+        return result
     if isinstance(value, SubclassRef):
         attrs = {k: _materialize(v, read, done) for k, v in value.attrs.items()}
         data = read(value.data) if isinstance(value.data, TensorRef) else value.data
@@ -379,6 +423,17 @@ def _materialize(value: Any, read: Callable[[TensorRef], Any], done: dict[int, A
 def tensor_refs(value: Any) -> Iterator[TensorRef]:
     """Every distinct TensorRef that ``materialize`` would read, each once, in order
     (a walk bounded by the decoded object's size, shared parts visited once)."""
+    return (item for item in _items(value) if isinstance(item, TensorRef))
+
+
+def broken_reason(value: Any) -> str | None:
+    """Why a tensor in ``value`` cannot be read: the first BrokenTensor's reason, if any."""
+    broken = next((i for i in _items(value) if isinstance(i, BrokenTensor)), None)
+    return None if broken is None else broken.reason
+
+
+def _items(value: Any) -> Iterator[Any]:
+    """``value`` and everything ``materialize`` walks into, each once, in order."""
     seen: set[int] = set()
     stack = [value]
     while stack:
@@ -386,9 +441,8 @@ def tensor_refs(value: Any) -> Iterator[TensorRef]:
         if id(item) in seen:
             continue
         seen.add(id(item))
-        if isinstance(item, TensorRef):
-            yield item
-        elif isinstance(item, SubclassRef):
+        yield item
+        if isinstance(item, SubclassRef):
             stack.extend(reversed([*item.attrs.values(), item.data]))
         elif isinstance(item, dict):
             stack.extend(reversed(list(item.values())))

@@ -82,7 +82,10 @@ class KeyNode:
     @property
     def name(self) -> str:
         """The last segment of the prefix ('' for the root)."""
-        return self.prefix.rpartition(".")[2]
+        if not self.depth:
+            return ""
+        key, end = self._spelled.keys[self._rows[0]], self._start - 1
+        return key[key.rfind(".", 0, end) + 1 : end]
 
     @property
     def prefix(self) -> str:
@@ -156,11 +159,11 @@ class KeyNode:
             if len(key) < start:
                 self._here, self._children = rows, _NO_CHILDREN
             else:
-                name = key[start:].partition(".")[0]
+                name = _segment(key, start)
                 self._children = {name: self._child(rows, start + len(name) + 1)}
             return self._children
         with paused_gc() if len(rows) > _PAUSE_GC_ABOVE else nullcontext():
-            names = [keys[row][start:].partition(".")[0] for row in rows]
+            names = [_segment(keys[row], start) for row in rows]
             groups: dict[str, list[int]] = {}
             at = 0
             for name, run in groupby(names):  # keys below a prefix are mostly stored together
@@ -272,6 +275,13 @@ class KeyNode:
     def __repr__(self) -> str:
         where = self.prefix or "<root>"
         return f"<KeyNode {where!r} ({self.view}): {self.count} keys, {self.nbytes} bytes>"
+
+
+def _segment(key: str, start: int) -> str:
+    """The dotted segment of ``key`` that begins at ``start``: work in its length only, so a
+    key of a million dots costs a million steps, not a million squared."""
+    end = key.find(".", start)
+    return key[start:] if end < 0 else key[start:end]
 
 
 def sized(entry: Entry) -> tuple[str, int, int]:

@@ -34,6 +34,7 @@ from inspector.errors import (
     CorruptCheckpointError,
     ExportError,
     NotACheckpointError,
+    RemoteError,
     StorageAccessError,
     UsageError,
 )
@@ -66,6 +67,16 @@ BIG_WINDOW_BLOCK = 1 << 12  # what a big window fetches at least at each end (se
 CACHE_BYTES = 1 << 24  # small blocks kept for the checkpoint's life
 RETRIES = 3
 BACKOFF = 0.2  # seconds before the first retry; doubled each time
+# A stalled or trickling server must not hang a read: HTTP(S) requests give up connecting
+# after CONNECT_SECONDS, waiting for the next bytes after IDLE_SECONDS, and in all after
+# REQUEST_SECONDS plus a second per MIN_RATE bytes asked for.
+CONNECT_SECONDS = 10.0
+IDLE_SECONDS = 30.0
+REQUEST_SECONDS = 60.0
+MIN_RATE = 1 << 16
+# A response may carry at most this many bytes beyond what was asked for (counted as they
+# arrive): a server ignoring Range cannot make a few-KB read allocate the whole object.
+ACCEPT_MARGIN = 1 << 12
 
 T = TypeVar("T")
 # (object path, start, end) spans, and (start, end) pieces of one object.
@@ -394,8 +405,11 @@ class RemoteStorage:
         extra = {"cache_type": "none"} if shared.protocol == "hf" else {}
         for attempt in range(shared.retries + 1):
             last = attempt == shared.retries
-            data = self._call(lambda fs: fs.cat_file(path, start=start, end=end, **extra),
-                              label, what)
+            if self._is_http:
+                data = self._call(lambda fs: _http_range(fs, path, start, end, label), label, what)
+            else:
+                data = self._call(lambda fs: fs.cat_file(path, start=start, end=end, **extra),
+                                  label, what)
             if len(data) == end - start:
                 return data
             if len(data) > end - start:
@@ -420,6 +434,8 @@ class RemoteStorage:
         for attempt in range(shared.retries + 1):
             try:
                 result = fn(shared.fs)
+            except RemoteError:
+                raise
             except Exception as exc:  # every client has its own errors: sorted out below
                 kind, status = _classify(exc)
                 shared.io.add(0)
@@ -643,16 +659,73 @@ def _map(shared: _Shared, fn: Callable[[Any], T], items: Sequence[Any]) -> list[
 
 
 def _filesystem(protocol: str, options: dict[str, Any]) -> Any:
-    """A new fsspec filesystem (never fsspec's shared instance: one per checkpoint)."""
+    """A new fsspec filesystem (never fsspec's shared instance: one per checkpoint); over
+    HTTP(S) with connect and idle-read timeouts unless the options set their own."""
     extra = "pip install 'checkpoint-inspector[remote]'"
     try:
         import fsspec
 
+        if protocol in ("http", "https"):
+            options = _with_timeouts(options)
         return fsspec.filesystem(protocol, skip_instance_cache=True, **options)
     except ImportError as exc:
         raise UsageError(f"{protocol}:// needs {exc.name or 'fsspec'}: {extra}") from None
     except TypeError as exc:  # an unknown option: its name is in the message, no values
         raise UsageError(f"storage_options not accepted by {protocol}:// ({exc})") from None
+
+
+def _with_timeouts(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with aiohttp's connect and idle-read timeouts set where they are not."""
+    import aiohttp
+
+    client = dict(options.get("client_kwargs") or {})
+    client.setdefault(
+        "timeout", aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=IDLE_SECONDS)
+    )
+    return {**options, "client_kwargs": client}
+
+
+def _http_range(fs: Any, url: str, start: int, end: int, label: str) -> bytes:
+    """Bytes ``[start, end)`` of ``url`` in one GET, never accepting more than asked for
+    plus ``ACCEPT_MARGIN`` (counted as they arrive, nothing decompressed) nor taking longer
+    than the request's deadline."""
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, _get_range, fs, url, start, end, label)
+
+
+async def _get_range(fs: Any, url: str, start: int, end: int, label: str) -> bytes:
+    wanted, cap = end - start, end - start + ACCEPT_MARGIN
+    deadline = time.monotonic() + REQUEST_SECONDS + wanted / MIN_RATE
+    options = dict(fs.kwargs)
+    headers = {**(options.pop("headers", None) or {}), "Range": f"bytes={start}-{end - 1}",
+               "Accept-Encoding": "identity"}
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), headers=headers, auto_decompress=False,
+                           **options) as response:
+        fs._raise_not_found_for_status(response, url)
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise RemoteError(f"the server answered bytes {start}..{end} with Content-Encoding: "
+                              f"{encoding[:40]!r} (asked for identity); refusing it", file=label)
+        declared = response.content_length
+        if declared is not None and declared > cap:
+            raise RemoteError(_too_much(start, end, f"announced {declared} bytes"), file=label)
+        body = bytearray()
+        async for piece in response.content.iter_any():
+            body += piece
+            if len(body) > cap:
+                raise RemoteError(_too_much(start, end, f"sent over {cap} bytes"), file=label)
+            if time.monotonic() > deadline:
+                raise RemoteError(f"reading bytes {start}..{end}: the server sent {len(body)} "
+                                  f"bytes in {REQUEST_SECONDS + wanted / MIN_RATE:.0f} s "
+                                  "(too slow); giving up", file=label)
+    return bytes(body)
+
+
+def _too_much(start: int, end: int, what: str) -> str:
+    return (f"the server ignored the Range request: asked for bytes {start}..{end} "
+            f"({end - start} bytes), it {what}; refusing it")
 
 
 # --- what went wrong, whichever client said it ----------------------------------------------
@@ -691,9 +764,13 @@ def _classify(exc: BaseException) -> tuple[str, int | None]:
     status = _status(exc)
     chain = list(_chain(exc))
     names = [c.__name__ for e in chain for c in type(e).__mro__]
-    if status == 404 or any(isinstance(e, FileNotFoundError) for e in chain) or any(
-        n.endswith("NotFoundError") for n in names
-    ):
+    # fsspec's http info turns a timed-out HEAD into FileNotFoundError: a timeout anywhere
+    # in the chain, without a status, is a stalled server, not a missing file.
+    timed_out = status is None and any(isinstance(e, TimeoutError) for e in chain)
+    if status == 404 or (not timed_out and (
+        any(isinstance(e, FileNotFoundError) for e in chain)
+        or any(n.endswith("NotFoundError") for n in names)
+    )):
         return "missing", status or 404
     if status in (401, 403) or any(isinstance(e, PermissionError) for e in chain) or any(
         str(e).startswith("Forbidden") for e in chain

@@ -18,7 +18,13 @@ from inspector.errors import InspectorError
 from inspector.exporting.request import OPTIONS
 from inspector.keys.spellings import VIEWS
 from inspector.storage.remote import display_url, is_url
-from inspector.ui.views.text import human_bytes, shape_text, value_text
+from inspector.ui.views.text import (
+    TerminalStream,
+    human_bytes,
+    shape_text,
+    terminal_text,
+    value_text,
+)
 
 CHECK_HELP = """\
 Compare the checkpoint's model keys with a model or another checkpoint, explain the
@@ -565,14 +571,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    stdout, sys.stdout = sys.stdout, TerminalStream(sys.stdout)
     try:
         return args.func(args)
     except InspectorError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(terminal_text(f"error: {exc}"), file=sys.stderr)
         return 2
     except BrokenPipeError:  # `ckpt-inspect ls ... | head` ends quietly
         _silence_stdout()
         return 1
+    finally:
+        sys.stdout = stdout
 
 
 def _silence_stdout() -> None:

@@ -451,6 +451,33 @@ def test_per_rank_metadata_of_a_rank_missing(dcp_distributed_written: dict, tmp_
     assert ck.read_object("dataloader.dp_rank_0") == written.state["dataloader.dp_rank_0"]
 
 
+@pytest.mark.parametrize("form", ["directory", "fifo", "no-table"])
+def test_per_rank_metadata_unreadable(
+    dcp_distributed_written: dict, tmp_path: Path, form: str
+) -> None:
+    """A ``__1.metadata`` that is a folder, a FIFO or a pickle without its tables leaves out
+    rank 1's chunks (marking the keys they belong to), not the whole folder."""
+    written = dcp_distributed_written["per-rank-metadata"]
+    folder = tmp_path / "ck"
+    shutil.copytree(written.path, folder)
+    bad = folder / "__1.metadata"
+    bad.unlink()
+    if form == "directory":
+        bad.mkdir()
+    elif form == "fifo":
+        os.mkfifo(bad)
+    else:
+        bad.write_bytes(pickle.dumps({"not": "metadata"}))
+    ck = inspector.open(folder)
+    why = "unreadable per-rank metadata __1.metadata"
+    assert any(note.startswith(why) for note in ck.source.notes), ck.source.notes
+    assert why in ck.entry("layers.0.w.weight").error
+    with pytest.raises(CorruptCheckpointError, match=r"'layers\.0\.w\.weight'.*__1\.metadata"):
+        ck.read("layers.0.w.weight")
+    assert same(ck.read("norm.weight"), written.state["norm.weight"])
+    assert ck.read_object("dataloader.dp_rank_0") == written.state["dataloader.dp_rank_0"]
+
+
 @pytest.mark.parametrize("leftover", [".metadata.tmp", None])
 def test_unfinished_save_is_named(demo_copy, leftover: str | None) -> None:
     path = demo_copy("flat")

@@ -20,7 +20,7 @@ from tests.hostile.case import IsolatedGenerator, Sources
 from tests.hostile.isolated import Spec
 from tests.hostile.memo import FP8_KEY
 from tests.hostile.opcodes import MARKER
-from tests.hostile.special_files import split_by_rank
+from tests.hostile.special_files import rank1_keys, split_by_rank
 
 BIG = 10**5000
 DEPTH = 100_000
@@ -58,7 +58,8 @@ def _rank_state_none(sources: Sources, tmp: Path) -> Spec:
 
     folder = sources.copy("flat", tmp)
     split_by_rank(folder, edit)
-    return Spec(folder, "__1.metadata", refused=True)
+    rank1 = rank1_keys(sources)
+    return Spec(folder, "__1.metadata", maybe_bad=rank1, reference=sources.flat)
 
 
 def _metadata_field(edit: str, sources: Sources, tmp: Path) -> Spec:

@@ -98,7 +98,13 @@ def _rank_metadata(form: str | None, sources: Sources, tmp: Path) -> Spec:
     if form is None:  # the genuine split: reads as the folder it came from
         return Spec(folder, reference=sources.flat)
     make(form, folder / "__1.metadata")
-    return Spec(folder, "__1.metadata", refused=True)
+    # Not refused whole: rank 1's chunks are not listed, which marks only its keys.
+    return Spec(folder, "__1.metadata", maybe_bad=rank1_keys(sources), reference=sources.flat)
+
+
+def rank1_keys(sources: Sources) -> frozenset[str]:
+    """The keys with a chunk in rank 1's data file of the genuine two-rank folder."""
+    return _keys_in(sources.flat, "__1_0.distcp")
 
 
 def _shard(form: str, sources: Sources, tmp: Path) -> Spec:

@@ -121,7 +121,8 @@ class DcpSource:
         files = metadata_files(storage) or [METADATA_FILE]
         self.metadata_name = files[0]
         referrer = storage.describe(self.metadata_name)
-        read = _read(storage, files, referrer)
+        left_out: list[str] = []
+        read = _read(storage, files, referrer, left_out)
         notes = [f"{self.metadata_name} found: torch.distributed.checkpoint (DCP) folder"]
         if len(files) > 1:
             notes.append(f"{len(files)} per-rank metadata files (saved without collectives)")
@@ -132,11 +133,13 @@ class DcpSource:
         entries, self._safetensors = _place_safetensors_chunks(storage, entries)
         entries = _check_items(entries, self._safetensors, self.metadata_name)
         unfinished = _unfinished_ranks(storage, files)
+        whys = [f"unreadable per-rank metadata {', '.join(left_out)}: its chunks are not listed"]
         if unfinished:
-            why = (
+            whys.append(
                 f"the save of rank(s) {', '.join(unfinished)} did not finish (no "
                 f"{', '.join(f'__{r}.metadata' for r in unfinished)}): their chunks are not listed"
             )
+        for why in whys[0 if left_out else 1 :]:
             notes.append(why)
             entries = [
                 dataclasses.replace(e, error=f"{e.error}; {why}") if e.error else e for e in entries
@@ -225,7 +228,7 @@ class DcpSource:
             )
         with self._item(entry, chunk) as (f, length, label):
             archive = self._archive(f, length, label, chunk, entry.key)
-            value = archive.load()
+            value = archive.load_whole()
             if isinstance(value, SubclassRef):
                 _check_shape(value.shape, chunk, entry, label)
                 return archive.materialize(value)
@@ -259,7 +262,7 @@ class DcpSource:
                 return f.read(length)
             f.seek(0)
             archive = TorchArchive(f, label, length, entry.key)
-            value = archive.load()
+            value = archive.load_whole()
             value = archive.materialize(value) if materialize else value
         return megatron.unwrap(entry.key, value) if self.megatron else value
 
@@ -493,24 +496,24 @@ def _untransform(storage: Storage, name: str, chunk: ChunkInfo, entry: Entry) ->
 # --- metadata --------------------------------------------------------------------------------
 
 
-def _read(storage: Storage, files: list[str], referrer: str) -> MetadataEntries:
+def _read(
+    storage: Storage, files: list[str], referrer: str, left_out: list[str]
+) -> MetadataEntries:
     """The entries the metadata files describe: one sound ``.metadata`` read straight into
     them (safe_pickle.direct); any other, or per-rank files, unpickled, merged, and their
-    entries built by _table.c and Python (this path names every problem)."""
-    first = storage.read(files[0])
+    entries built by _table.c and Python (this path names every problem). Unreadable
+    per-rank files are named in ``left_out``."""
     if len(files) == 1:
+        first = storage.read(files[0])
         found = direct.metadata_entries(
             first, lambda names: file_sizes(storage, names, referrer=referrer)
         )
         if found is not None:
             return found
-    raw, problems = _merge(
-        [
-            _read_metadata(storage, name, storage.read(name) if i else first)
-            for i, name in enumerate(files)
-        ],
-        referrer,
-    )
+        parts = [_read_metadata(storage, files[0], first)]
+    else:
+        parts = _rank_metadata(storage, files, left_out)
+    raw, problems = _merge(parts, referrer)
     entries = [_with_component(e) for e in _entries(raw, problems, storage, referrer)]
     checkpoint_id = getattr(getattr(raw, "storage_meta", None), "checkpoint_id", None)
     return MetadataEntries(
@@ -525,6 +528,24 @@ def _with_component(entry: Entry) -> Entry:
         return entry
     e, component = entry, component_of(entry.kind, entry.nested_path)
     return make_entry(e.key, e.kind, e.dtype, e.shape, e.chunks, e.nested_path, component, e.error)
+
+
+def _rank_metadata(
+    storage: Storage, files: list[str], left_out: list[str]
+) -> list[tuple[Metadata, dict[str, str]]]:
+    """Each readable per-rank metadata file, checked; one that is not a regular file or
+    lacks its tables is left out and named in ``left_out`` with why (its rank's chunks are
+    then missing, which marks the keys they belong to), unless none is readable."""
+    parts, failures = [], []
+    for name in files:
+        try:
+            parts.append(_read_metadata(storage, name, storage.read(name)))
+        except InspectorError as exc:
+            failures.append(exc)
+            left_out.append(f"{name} ({exc.reason})")
+    if not parts:
+        raise failures[0]
+    return parts
 
 
 def _read_metadata(storage: Storage, name: str, data: bytes) -> tuple[Metadata, dict[str, str]]:

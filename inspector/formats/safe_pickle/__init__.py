@@ -8,6 +8,7 @@ a pickle claims before it is run, :mod:`.legacy` reads pre-1.6 torch.save files.
 from inspector.formats.safe_pickle.legacy import load_legacy_torch
 from inspector.formats.safe_pickle.policy import LEGACY_STORAGE_DTYPES
 from inspector.formats.safe_pickle.records import (
+    BrokenTensor,
     DtypeName,
     NumpyArray,
     Opaque,
@@ -25,6 +26,7 @@ from inspector.formats.safe_pickle.unpickler import (
 
 __all__ = [
     "LEGACY_STORAGE_DTYPES",
+    "BrokenTensor",
     "DtypeName",
     "NumpyArray",
     "Opaque",

@@ -24,6 +24,7 @@ from inspector.formats.safe_pickle.records import (
     PARAMETER,
     TENSOR,
     Allowed,
+    BrokenTensor,
     DtypeName,
     Marker,
     NumpyArray,
@@ -227,6 +228,16 @@ def _dtype(value: Any) -> str:
 
 def _tensor_ref(
     storage: Any, offset: Any, size: Any, stride: Any, dtype: Any, grad: Any
+) -> TensorRef | BrokenTensor:
+    """The tensor's description, or why it describes none (only its key is marked)."""
+    try:
+        return _checked_tensor_ref(storage, offset, size, stride, dtype, grad)
+    except ValueError as exc:
+        return BrokenTensor(str(exc))
+
+
+def _checked_tensor_ref(
+    storage: Any, offset: Any, size: Any, stride: Any, dtype: Any, grad: Any
 ) -> TensorRef:
     if not isinstance(storage, StorageRef):
         raise ValueError(f"tensor storage is {type(storage).__name__}, not a storage record")
@@ -244,7 +255,9 @@ def _tensor_ref(
     return ref
 
 
-def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any) -> TensorRef:
+def _rebuild_tensor(
+    storage: Any, storage_offset: Any, size: Any, stride: Any
+) -> TensorRef | BrokenTensor:
     dtype = DtypeName(storage.dtype) if isinstance(storage, StorageRef) else None
     return _tensor_ref(storage, storage_offset, size, stride, dtype, False)
 
@@ -257,7 +270,7 @@ def _rebuild_tensor_v2(
     requires_grad: Any,
     backward_hooks: Any,
     metadata: Any = None,
-) -> TensorRef:
+) -> TensorRef | BrokenTensor:
     dtype = DtypeName(storage.dtype) if isinstance(storage, StorageRef) else None
     return _tensor_ref(storage, storage_offset, size, stride, dtype, requires_grad)
 
@@ -271,11 +284,11 @@ def _rebuild_tensor_v3(
     backward_hooks: Any,
     dtype: Any,
     metadata: Any = None,
-) -> TensorRef:
+) -> TensorRef | BrokenTensor:
     if isinstance(storage, StorageRef) and isinstance(dtype, DtypeName):
         width = dtypes.itemsize(dtype)
         if storage.dtype != "uint8" or storage.numel % width:
-            raise ValueError(f"untyped storage of {storage.numel} bytes cannot hold {dtype}")
+            return BrokenTensor(f"untyped storage of {storage.numel} bytes cannot hold {dtype}")
         storage = StorageRef(storage.key, str(dtype), storage.numel // width)
     return _tensor_ref(storage, storage_offset, size, stride, dtype, requires_grad)
 

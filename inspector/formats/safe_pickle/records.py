@@ -166,6 +166,18 @@ class StorageRef:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokenTensor:
+    """A tensor rebuild whose arguments describe no readable tensor (a size or stride that
+    is not a list of small ints, an offset past its storage, ...): only its key is marked,
+    with ``reason``; the rest of the pickle decodes."""
+
+    reason: str
+
+    def __setstate__(self, state: Any) -> None:
+        """Already unreadable: state changes nothing."""
+
+
+@dataclass(frozen=True, slots=True)
 class TensorRef:
     """A plain tensor described by a pickle: a strided view into a storage record."""
 
@@ -175,9 +187,13 @@ class TensorRef:
     stride: tuple[int, ...]
     dtype: str
     requires_grad: bool = False
+    damage: str | None = None  # why its key cannot be read (set by BUILD only)
 
     def __setstate__(self, state: Any) -> None:
-        raise TypeError("TensorRef cannot be given state")
+        """torch would re-point the tensor with ``set_(*state)``: its values are not the
+        described ones, so the key is marked unreadable (nothing else changes)."""
+        damage = f"the pickle gives the tensor state {bounded_repr(state, 100)}; refusing it"
+        object.__setattr__(self, "damage", damage)
 
     @property
     def extent(self) -> int:
@@ -295,13 +311,14 @@ class NumpyArray(metaclass=FrozenClass):
         self.shape: tuple[int, ...] = ()
         self.dtype: NumpyDtype | None = None
         self.data = b""
+        self.fortran = False
 
     def __setstate__(self, state: Any) -> None:
         if not isinstance(state, tuple) or len(state) != 5:
             raise ValueError(f"numpy array state {bounded_repr(state, 200)} is malformed")
-        _, shape, dtype, _fortran, data = state
-        if not isinstance(dtype, NumpyDtype):
-            raise ValueError("numpy array of an unsupported dtype")
+        _, shape, dtype, fortran, data = state
+        if not isinstance(dtype, NumpyDtype) or type(fortran) is not bool:
+            raise ValueError("numpy array of an unsupported dtype or order")
         if not (isinstance(shape, tuple) and all(type(n) is int and n >= 0 for n in shape)):
             raise ValueError(f"numpy array shape {bounded_repr(shape, 200)} is malformed")
         if not isinstance(data, (bytes, bytearray, str)) or len(data) != math.prod(shape) * (
@@ -311,7 +328,7 @@ class NumpyArray(metaclass=FrozenClass):
         if not isinstance(data, bytes):
             budget.charge(len(data), "numpy array data")
             data = data.encode("latin-1") if isinstance(data, str) else bytes(data)
-        self.shape, self.dtype, self.data = shape, dtype, data
+        self.shape, self.dtype, self.data, self.fortran = shape, dtype, data, fortran
 
     def to_numpy(self) -> Any:
         """The array, built from its checked bytes with ``numpy.frombuffer``."""
@@ -319,7 +336,8 @@ class NumpyArray(metaclass=FrozenClass):
 
         if self.dtype is None:
             return numpy.empty(self.shape)
-        return numpy.frombuffer(self.data, dtype=self.dtype.code).reshape(self.shape).copy()
+        flat = numpy.frombuffer(self.data, dtype=self.dtype.code)
+        return flat.reshape(self.shape, order="F" if self.fortran else "C").copy()
 
     def __repr__(self) -> str:
         code = self.dtype.code if self.dtype else "?"

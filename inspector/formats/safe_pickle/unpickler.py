@@ -132,9 +132,9 @@ class DataUnpickler(_Unpickler):
             raise pickle.UnpicklingError(
                 f"bad storage record {bounded_repr((key, numel), 200)} (key, elements)"
             )
-        ref = StorageRef(key, storage_type.dtype or "uint8", numel)
-        self.storages.setdefault(key, ref)
-        return ref
+        # As torch.load: a key seen before is that first storage again, whatever dtype and
+        # size this mention claims (a tensor on it is read as torch would read it).
+        return self.storages.setdefault(key, StorageRef(key, storage_type.dtype or "uint8", numel))
 
 
 def run(unpickler: _Unpickler) -> Any:

@@ -163,7 +163,7 @@ def _torch_leaves(storage: Storage, name: str) -> ItemLeaves:
             )
         f.seek(0)
         archive = TorchArchive(f, label, size, None)
-        value = archive.load()
+        value = archive.load_whole()
         records = _records(archive, value)
     leaves = [
         (path, _leaf(name, leaf, records))

@@ -23,13 +23,14 @@ from inspector.entry import ChunkInfo, Entry
 from inspector.errors import CorruptCheckpointError, InspectorError, UnsupportedError
 from inspector.formats import producers
 from inspector.formats.base import ChunkValue, Step, StoredRecord
-from inspector.formats.safe_pickle import Opaque, SubclassRef, TensorRef
+from inspector.formats.safe_pickle import BrokenTensor, Opaque, SubclassRef, TensorRef
 from inspector.formats.safe_pickle.dtensor import dtensor_parts
 from inspector.formats.torch_archive import (
     LegacyArchive,
     Record,
     StoredTensors,
     TorchArchive,
+    broken_reason,
     check_fits,
     contiguous_strides,
     is_legacy_torch,
@@ -91,14 +92,18 @@ class TorchSaveSource:
     def _entry(self, key: str, path: NestedPath, leaf: Any) -> Entry:
         if isinstance(leaf, _Ambiguous):
             return Entry(key, "object", nested_path=path, error=leaf.reason)
+        if isinstance(leaf, BrokenTensor):
+            return Entry(key, "tensor", nested_path=path, error=leaf.reason)
         problems = [p for p in map(self._problem, tensor_refs(leaf)) if p]
-        error = problems[0] if problems else _partial_dtensor(leaf)
+        error = broken_reason(leaf) or (problems[0] if problems else _partial_dtensor(leaf))
         if not isinstance(leaf, (TensorRef, SubclassRef)):
             return Entry(key, "object", nested_path=path, error=error)
         chunks = () if error else (self._chunk(leaf),)
         return Entry(key, "tensor", leaf.dtype, leaf.shape, chunks, path, error=error)
 
     def _problem(self, ref: TensorRef) -> str | None:
+        if ref.damage is not None:
+            return ref.damage
         if ref.storage is None:
             return "tensor was saved without data (meta tensor)"
         record = self._records[ref.storage.key]
@@ -243,7 +248,7 @@ def _records(archive: StoredTensors, leaves: Any) -> dict[str, Record | str]:
 
 
 def _is_tensor(value: Any) -> bool:
-    return isinstance(value, (TensorRef, SubclassRef))
+    return isinstance(value, (TensorRef, SubclassRef, BrokenTensor))
 
 
 class _Budget:

@@ -15,6 +15,7 @@ from inspector.entry import Entry
 from inspector.keys.tree import KeyNode
 
 CHILDREN_PAGE = 200
+OPEN_DEPTH = 32  # levels that expand_all opens; deeper ones open by hand
 ENTRIES_PAGE = 50
 
 
@@ -72,9 +73,10 @@ class Outline:
         self._shown[prefix] = self._shown.get(prefix, 0) + self.page
 
     def reveal(self, prefix: str) -> None:
-        """Open every ancestor of ``prefix`` and page far enough that its row is listed."""
+        """Open every ancestor of ``prefix`` (down to ``OPEN_DEPTH`` levels) and page far
+        enough that its row is listed."""
         node = self.root
-        for name in prefix.split(".") if prefix else []:
+        for name in prefix.split(".", OPEN_DEPTH)[:OPEN_DEPTH] if prefix else []:
             names = [c.name for c in node.children()]
             needed = math.ceil((names.index(name) + 1) / self.page) * self.page
             key = _prefix(node)
@@ -82,12 +84,19 @@ class Outline:
             node = node.child(name)
 
     def expand_all(self, limit: int) -> bool:
-        """Open every node when the tree holds at most ``limit`` keys; False when it is larger."""
+        """Open every node down to ``OPEN_DEPTH`` levels when the tree holds at most
+        ``limit`` keys; False when it is larger. (A key of a million dots is a million levels:
+        opening them all would store a million prefixes of up to a million characters.)"""
         if self.root.count > limit:
             return False
-        for node in self.root.walk():
-            if not node.is_leaf:
-                self._shown[_prefix(node)] = max(self.page, len(node.children()))
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            if node.depth >= OPEN_DEPTH or node.is_leaf:
+                continue
+            children = node.children()
+            self._shown[_prefix(node)] = max(self.page, len(children))
+            stack.extend(children)
         return True
 
     def rows(self) -> list[Row]:

@@ -1,8 +1,11 @@
-"""How sizes and shapes read to a person (shared by the command line and the Jupyter app)."""
+"""How sizes, shapes and untrusted text read to a person (shared by the command line and the
+Jupyter app)."""
 
 from __future__ import annotations
 
-from typing import Any
+import io
+import re
+from typing import Any, TextIO
 
 from inspector.entry import Entry
 from inspector.reprs import bounded_repr
@@ -33,3 +36,48 @@ def shape_text(entry: Entry) -> str:
 def value_text(value: Any, budget: int = 4000) -> str:
     """A decoded value as text, cut at ``budget`` characters (shared parts and cycles safe)."""
     return bounded_repr(value, budget)
+
+
+# Characters that would act on a terminal instead of showing: C0 controls but tab and
+# newline, DEL, C1 controls (8-bit CSI/OSC), bidi embeddings, overrides and isolates, line
+# and paragraph separators, and lone surrogates (unencodable).
+_ACTIVE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_text(text: str) -> str:
+    """``text`` with every character that would act on a terminal (escape sequences, ``\\r``,
+    bidi overrides, NUL, C1 controls, lone surrogates) spelled as a visible escape."""
+    return _ACTIVE.sub(_escaped, text)
+
+
+class TerminalStream(io.TextIOBase):
+    """A text stream that writes everything through :func:`terminal_text`: the one point
+    where checkpoint-controlled text (keys, metadata, class names, errors) meets a terminal.
+    Exact JSON passes unchanged (``json.dump`` writes only printable ASCII and newlines)."""
+
+    def __init__(self, inner: TextIO) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def write(self, text: str) -> int:
+        self.inner.write(terminal_text(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+    def isatty(self) -> bool:
+        return self.inner.isatty()
+
+    def writable(self) -> bool:
+        return True

@@ -16,6 +16,7 @@ from inspector.analysis.health import stored_key
 from inspector.checkpoint import Checkpoint
 from inspector.formats.base import Step
 from inspector.keys.tree import KeyNode
+from inspector.storage.remote import display_url, is_url
 from inspector.ui.views.findings import Findings
 from inspector.ui.widgets.audit import AuditPanel
 from inspector.ui.widgets.compare import ComparePanel
@@ -92,7 +93,10 @@ class Inspector(w.VBox):
             self.errors.guard("Opening the checkpoint")(self.load)()
 
     def __repr__(self) -> str:
-        return f"<Inspector {self.ck!r}>" if self.ck else f"<Inspector: {self.path.value} not open>"
+        if self.ck:
+            return f"<Inspector {self.ck!r}>"
+        path = self.path.value.strip()
+        return f"<Inspector: {display_url(path) if is_url(path) else path} not open>"
 
     def load(self) -> None:
         """Open the checkpoint at the path box's value and show it (when it cannot be opened,

@@ -1,11 +1,12 @@
-"""Sizes and shapes as people read them."""
+"""Sizes, shapes and untrusted text as people read them."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import inspector
-from inspector.ui.views.text import human_bytes, shape_text
+from inspector.ui.views.text import TerminalStream, human_bytes, shape_text, terminal_text
 
 
 def test_human_bytes_uses_decimal_units() -> None:
@@ -26,3 +27,24 @@ def test_shape_text(demo_dir: Path) -> None:
     assert shape_text(ck.entry("norm.weight")) == "64"
     assert shape_text(ck.entry("train_state.step")) == "scalar"
     assert shape_text(ck.entry("lr_scheduler.last_epoch")) == "-"
+
+
+def test_terminal_text_spells_every_active_character_visibly() -> None:
+    hostile = "a\x1b]52;c;eA==\x07b\rc\u202ed\x00e\x9bf\ud800g\u2028h\u2066"
+    assert terminal_text(hostile) == (
+        "a\\x1b]52;c;eA==\\x07b\\rc\\u202ed\\x00e\\x9bf\\ud800g\\u2028h\\u2066"
+    ).replace("\\r", "\\x0d")
+    assert terminal_text("plain\ttext\nnext line é 漢") == "plain\ttext\nnext line é 漢"
+
+
+def test_terminal_stream_escapes_what_it_writes_and_keeps_json() -> None:
+    import json
+
+    inner = io.StringIO()
+    stream = TerminalStream(inner)
+    print("key \x1b[2J", file=stream)
+    json.dump({"k\x1b\ud800": 1}, stream, indent=1)
+    text = inner.getvalue()
+    first, _, rest = text.partition("\n")
+    assert first == "key \\x1b[2J"
+    assert json.loads(rest) == {"k\x1b\ud800": 1}

@@ -215,7 +215,9 @@ def test_hf_trainer_format_hf_equals_the_trainers_model_file(tmp_path: Path) -> 
     written = load_file(tmp_path / "hf" / "model.safetensors")
     want = load_file(step / "model.safetensors")
     assert sorted(written) == sorted(want)
-    assert all(torch.equal(written[k].view(torch.uint8), v.view(torch.uint8)) for k, v in want.items())
+    assert all(
+        torch.equal(written[k].view(torch.uint8), v.view(torch.uint8)) for k, v in want.items()
+    )
     assert any(k.startswith("optimizer.") for k in result.skipped)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["tie_word_embeddings"] is False and config["model_type"] == "llama"

@@ -303,7 +303,14 @@ def plan_identity(arch: Architecture, tensors: Mapping[str, Any], config: Mappin
         else:
             outputs.append(Output(key, key, transforms.copy, *metas[key]))
     return Plan(
-        arch.name, "to_hf", "hf", tuple(outputs), left_out, cfg, tuple(notes), must_equal=tuple(same)
+        arch.name,
+        "to_hf",
+        "hf",
+        tuple(outputs),
+        left_out,
+        cfg,
+        tuple(notes),
+        must_equal=tuple(same),
     )
 
 

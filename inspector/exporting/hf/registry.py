@@ -15,8 +15,8 @@ from inspector.exporting.hf.base import (
     Architecture,
     Plan,
     layouts,
-    plan_identity,
     model_keys,
+    plan_identity,
     unmatched,
 )
 from inspector.exporting.hf.names import abstract, template_form

@@ -52,7 +52,7 @@ def export_hf(request: ExportRequest) -> ExportResult:
     refuse_inside_source(ck, out)
     refuse_overlap(out, {"hf_assets": request.hf_assets})
     weights = ModelWeights(ck, request.fp8, request.dtype)
-    config = load_config(request.hf_config, request.hf_assets)
+    config = load_config(request.hf_config, request.hf_assets, ck)
     found = hf.to_hf(weights.metas(), config, request.arch or "auto", ck.run_args)
     compare_tied(weights, found.must_equal)
     assets = asset_files(request.hf_assets)

@@ -180,6 +180,4 @@ def arch_auto(ck: Checkpoint, fp8: str = "dequantize") -> tuple[bool, str]:
         found = hf.detect(ModelWeights(ck, mode, None).metas())
     except InspectorError as exc:
         return False, exc.reason
-    if found.naming == "hf":
-        return False, f"these keys already have HF names ({found.reason})"
-    return True, found.reason
+    return True, found.reason + (": names kept" if found.naming == "hf" else "")

@@ -156,4 +156,5 @@ def test_hf_settings_and_arch_auto(demo_dir: Path, tmp_path: Path) -> None:
         llama / "checkpoint", tmp_path / "hf", "hf", hf_assets=llama / "assets", progress=False
     )
     ok, why = options_module.arch_auto(inspector.open(tmp_path / "hf"))
-    assert not ok and why.startswith("these keys already have HF names (llama3: all 21")
+    assert ok and why.startswith("llama3: all 21 model weights match its rules in HF names")
+    assert why.endswith(": names kept")

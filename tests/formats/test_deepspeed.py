@@ -138,25 +138,71 @@ def test_export_writes_the_fp32_weights(fmt: str, tmp_path: Path) -> None:
     assert all(torch.equal(bits(written[k]), bits(v)) for k, v in want.items())
 
 
+IDS = torch.tensor([[1, 5, 9, 36, 2]])
+
+
+def oracle_logits(stage: str) -> torch.Tensor:
+    """The logits of a transformers Llama holding DeepSpeed's own reconstruction."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = json.loads((FIXTURES / "config.json").read_text())
+    reference = LlamaForCausalLM(LlamaConfig(**config)).eval()
+    reference.load_state_dict(oracle(stage))
+    with torch.no_grad():
+        return reference(IDS).logits
+
+
+def pretrained_logits(folder: Path) -> torch.Tensor:
+    """The logits of ``from_pretrained(folder)``, which must find every key and no other."""
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        return model.eval()(IDS).logits
+
+
 def test_export_loads_in_transformers_with_the_oracles_logits(tmp_path: Path) -> None:
     """The ZeRO-2 run's weights (HF names already: DeepSpeed trained a transformers Llama)
     exported as model.safetensors beside its config.json load with from_pretrained, and give
     the logits of a Llama holding DeepSpeed's own reconstruction (frozen norm and tied output
-    layer included). ``format="hf"`` says these keys need no renaming."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-
+    layer included)."""
     folder = tmp_path / "hf"
     inspector.export(FIXTURES / "zero2", folder / "model.safetensors", progress=False)
     shutil.copy(FIXTURES / "config.json", folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    config = json.loads((FIXTURES / "config.json").read_text())
-    reference = LlamaForCausalLM(LlamaConfig(**config)).eval()
-    reference.load_state_dict(oracle("zero2"))
-    ids = torch.tensor([[1, 5, 9, 36, 2]])
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, reference(ids).logits)
-    with pytest.raises(ExportError, match="already have HF names"):
-        inspector.export(FIXTURES / "zero2", tmp_path / "again", format="hf", progress=False)
+    assert torch.equal(pretrained_logits(folder), oracle_logits("zero2"))
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_format_hf_keeps_the_names_and_leaves_the_tied_head_out(stage: str, tmp_path: Path) -> None:
+    """``format="hf"`` on HF-named weights: names kept, the tied lm_head left out as
+    transformers saves it, optimizer partitions and step counters left out with reasons."""
+    out = tmp_path / "hf"
+    result = inspector.export(
+        FIXTURES / stage, out, format="hf", hf_config=FIXTURES / "config.json", progress=False
+    )
+    assert "names kept" in result.reason and result.arch == "llama3"
+    written, want = load_file(out / "model.safetensors"), oracle(stage)
+    assert sorted(written) == sorted(k for k in want if k != "lm_head.weight")
+    assert all(torch.equal(bits(v), bits(want[k])) for k, v in written.items())
+    assert "tied" in result.skipped["lm_head.weight"]
+    assert "not a model weight" in result.skipped["global_steps"]
+    assert any(k.startswith("optimizer.") for k in result.skipped)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["tie_word_embeddings"]) == ("llama", True)
+    assert torch.equal(pretrained_logits(out), oracle_logits(stage))
+
+
+def test_format_hf_of_zero1_names_the_frozen_weight_it_lacks(tmp_path: Path) -> None:
+    """ZeRO-1 saves no frozen parameters (zero_to_fp32 has no model.norm.weight either): the
+    HF export is refused, saying which weight is missing, and nothing is written."""
+    with pytest.raises(ExportError, match=r"no model\.norm\.weight"):
+        inspector.export(
+            FIXTURES / "zero1", tmp_path / "hf", format="hf", hf_config=FIXTURES / "config.json"
+        )
+    assert "model.norm.weight" not in oracle("zero1") and not (tmp_path / "hf").exists()
 
 
 # --- bad input: an InspectorError naming the file and the key; the rest browsable ----------

@@ -207,6 +207,22 @@ def test_hf_trainer_export_holds_the_weights_only(tmp_path: Path) -> None:
     assert all(torch.equal(written[k], v) for k, v in want.items())
 
 
+def test_hf_trainer_format_hf_equals_the_trainers_model_file(tmp_path: Path) -> None:
+    """``format="hf"`` on a Trainer step of a Llama (HF names already, config.json beside):
+    the Trainer's own model.safetensors, bit for bit; optimizer and trainer state left out."""
+    step = Path(__file__).resolve().parents[1] / "fixtures" / "hf_trainer" / "run" / "checkpoint-6"
+    result = inspector.export(step, tmp_path / "hf", format="hf", progress=False)
+    written = load_file(tmp_path / "hf" / "model.safetensors")
+    want = load_file(step / "model.safetensors")
+    assert sorted(written) == sorted(want)
+    assert all(
+        torch.equal(written[k].view(torch.uint8), v.view(torch.uint8)) for k, v in want.items()
+    )
+    assert any(k.startswith("optimizer.") for k in result.skipped)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False and config["model_type"] == "llama"
+
+
 # --- accelerate ----------------------------------------------------------------------------
 @pytest.mark.parametrize("form", ["plain", "fsdp"])
 def test_accelerate_save_state(form: str) -> None:

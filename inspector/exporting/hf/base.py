@@ -187,14 +187,19 @@ class Architecture:
 
 
 def model_keys(keys: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
-    """(model keys, left-out key -> why): other torchtitan components are set aside."""
+    """(model keys, left-out key -> why): entries (values with a ``component``) of other
+    components than ``"model"`` are set aside (optimizer, RNG, scheduler of any producer);
+    for plain metas, torchtitan's component prefixes say it."""
     left_out, model = {}, []
-    for key in keys:
-        component = next((c for c in COMPONENTS if key.startswith(c)), None)
-        if component:
-            left_out[key] = f"torchtitan {component[:-1]} state, not a model weight"
-        else:
+    for key, value in keys.items():
+        component = getattr(value, "component", None)
+        if component is None:
+            prefix = next((c for c in COMPONENTS if key.startswith(c)), None)
+            component = prefix[:-1] if prefix else "model"
+        if component == "model":
             model.append(key)
+        else:
+            left_out[key] = f"{component} state, not a model weight"
     return model, left_out
 
 
@@ -267,6 +272,40 @@ def plan_to_hf(
         arch.name,
         "to_hf",
         naming,
+        tuple(outputs),
+        left_out,
+        cfg,
+        tuple(notes),
+        must_equal=tuple(same),
+    )
+
+
+def plan_identity(arch: Architecture, tensors: Mapping[str, Any], config: Mapping | None) -> Plan:
+    """Weights that already have HF names (a transformers model trained by DeepSpeed, the
+    Trainer, accelerate) written under the same names, unchanged; the config is checked
+    against them and a tied ``lm_head`` is left out, as transformers saves it."""
+    metas = {k: tensor_meta(v) for k, v in tensors.items()}
+    model, left_out = model_keys(tensors)
+    kept = []
+    for key in model:
+        rule, _ = arch.rule_for(key, "hf")
+        if rule.titan is None:
+            left_out[key] = rule.note
+        else:
+            kept.append(key)
+    cfg, notes = arch.configure(config, Shapes({k: metas[k].shape for k in kept}))
+    tie = tied(cfg, has_head=LM_HEAD in kept)
+    outputs, same = [], []
+    for key in kept:
+        if tie and key == LM_HEAD:
+            left_out[key] = f"tied: HF reads lm_head from {EMBED} (tie_word_embeddings is true)"
+            same.append((key, EMBED))
+        else:
+            outputs.append(Output(key, key, transforms.copy, *metas[key]))
+    return Plan(
+        arch.name,
+        "to_hf",
+        "hf",
         tuple(outputs),
         left_out,
         cfg,

@@ -16,6 +16,7 @@ from inspector.exporting.hf.base import (
     Plan,
     layouts,
     model_keys,
+    plan_identity,
     unmatched,
 )
 from inspector.exporting.hf.names import abstract, template_form
@@ -94,8 +95,9 @@ def to_hf(
     arch: str = "auto",
     run_args: Mapping[str, Any] | None = None,
 ) -> Plan:
-    """Plan a torchtitan (or Megatron-Core GPT) checkpoint's model weights -> HF names
-    (``reason`` says which arch); ``run_args``: the training run's arguments, where saved."""
+    """Plan a torchtitan (or Megatron-Core GPT) checkpoint's model weights -> HF names, or
+    keep names that are HF's already (``reason`` says which arch); ``run_args``: the
+    training run's arguments, where saved."""
     if arch == megatron_gpt.ARCH or (arch == "auto" and megatron_gpt.fits(tensors)):
         plan = megatron_gpt.to_hf(tensors, config, run_args)
         given = f"given as arch={arch!r}"
@@ -103,7 +105,8 @@ def to_hf(
     found = detect(tensors) if arch == "auto" else None
     chosen = found.arch if found else get(arch)
     if found and found.naming == "hf":
-        raise ExportError(f"these keys already have HF names ({found.reason})")
+        plan = plan_identity(chosen, tensors, config)
+        return dataclasses.replace(plan, reason=f"{found.reason}: names kept")
     plan = chosen.to_hf(tensors, config)
     return dataclasses.replace(
         plan, reason=found.reason if found else f"{arch}: given as arch={arch!r}"

@@ -12,9 +12,9 @@ not fork-safe, while the server has only imported modules. Starting a worker cos
 not a fresh ``import torch`` (about 2 s each on a busy 2-core machine). A worker does not
 import the caller's ``__main__`` (multiprocessing would re-run a script's top level in it)
 unless the plan refers to it (a ``rename`` function defined there). They report each
-written tensor on a queue, so the parent shows one bar, and stop at the next tensor once
-another worker failed; a worker's death is reported with its cause (signal, exit code, the
-OOM killer when the cgroup counted a kill).
+written tensor on a queue, so the parent shows one bar, and stop within a copy step (64 MiB)
+once another worker failed or the parent was interrupted; a worker's death is reported with
+its cause (signal, exit code, the OOM killer when the cgroup counted a kill).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from inspector.errors import ExportError, InspectorError
 from inspector.exporting.shares import Done, Plan, Task, run_share, seed
+from inspector.storage.copy import halting
 
 if TYPE_CHECKING:
     from inspector.exporting.plan import Planned
@@ -76,12 +77,17 @@ def _started(events: Any, abort: Any) -> None:
 
 def _report(item: Item) -> None:
     _events.put((item.name, item.nbytes))
+    _check_abort()
+
+
+def _check_abort() -> None:
     if _abort.is_set():
-        raise Cancelled("stopped: another worker failed")
+        raise Cancelled("stopped: another worker failed or the export was interrupted")
 
 
 def _share(plan: Plan, tasks: Sequence[Task]) -> list[Done]:
-    return run_share(plan, tasks, _report)
+    with halting(_check_abort):  # a big tensor's copy stops within a step
+        return run_share(plan, tasks, _report)
 
 
 @contextlib.contextmanager

@@ -1,12 +1,19 @@
 """Moving stored bytes into an output file: in the kernel where both are local files
-(``copy_file_range``), else by blocks; optionally checksummed on the way (CRC-32)."""
+(``copy_file_range``), else by blocks; optionally checksummed on the way (CRC-32).
+
+Work is done in steps of at most ``STEP`` bytes; between two steps the checks of the
+enclosing :func:`halting` blocks run, so a pending stop (Ctrl-C recorded while torch's
+writer runs, another worker's failure) ends a big tensor's copy within a step.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from inspector.errors import ExportError
@@ -14,14 +21,34 @@ from inspector.storage.base import ByteRange
 from inspector.storage.digest import crc32
 
 _COPY_BLOCK = 1 << 23
+STEP = 1 << 26  # the most bytes written between two checks for a stop (64 MiB)
+
+_halts: ContextVar[tuple[Callable[[], None], ...]] = ContextVar("halts", default=())
+
+
+@contextmanager
+def halting(check: Callable[[], None]) -> Iterator[None]:
+    """Within the block, ``check`` (which raises to stop) runs between steps of every copy."""
+    token = _halts.set((*_halts.get(), check))
+    try:
+        yield
+    finally:
+        _halts.reset(token)
+
+
+def check_halt() -> None:
+    """Raise the pending stop of the enclosing :func:`halting` blocks, if any."""
+    for check in _halts.get():
+        check()
 
 
 def write_all(fd: int, data: Any) -> None:
-    """Write every byte of ``data`` (a buffer) at the fd's position."""
+    """Write every byte of ``data`` (a buffer) at the fd's position, a step at a time."""
     view = memoryview(data).cast("B")
     while view:
-        written = os.write(fd, view)
+        written = os.write(fd, view[:STEP])
         view = view[written:]
+        check_halt()
 
 
 def copy_range(source: ByteRange, fd: int, crc: int | None = None) -> int:
@@ -39,8 +66,11 @@ def copy_range(source: ByteRange, fd: int, crc: int | None = None) -> int:
             done = _kernel_copy(f.fileno(), fd, source)
             for block in _blocks(f.fileno(), source.offset + done, source.length - done, source):
                 write_all(fd, block)
-        finally:
-            value = checksum.result() if checksum is not None else 0
+        except BaseException:
+            if checksum is not None:
+                checksum.cancel()
+            raise
+        value = checksum.result() if checksum is not None else 0
     source.storage.io.add(source.length)
     return value
 
@@ -52,10 +82,12 @@ def _kernel_copy(src: int, dst: int, source: ByteRange) -> int:
         return 0
     try:
         while done < source.length:
-            got = os.copy_file_range(src, dst, source.length - done, source.offset + done)
+            step = min(source.length - done, STEP)
+            got = os.copy_file_range(src, dst, step, source.offset + done)
             if not got:
                 break
             done += got
+            check_halt()
     except OSError as exc:  # EXDEV and the like: copy what is left by blocks
         if exc.errno in (errno.EFBIG, errno.ENOSPC, errno.EIO):
             raise
@@ -96,14 +128,22 @@ class _Checksum(threading.Thread):
         super().__init__(daemon=True)
         self.fd, self.source, self.value = fd, source, start
         self.error: BaseException | None = None
+        self.cancelled = False
         self.start()
 
     def run(self) -> None:
         try:
             for block in _blocks(self.fd, self.source.offset, self.source.length, self.source):
+                if self.cancelled:
+                    return
                 self.value = crc32(block, self.value)
         except BaseException as exc:  # handed to the caller by result()
             self.error = exc
+
+    def cancel(self) -> None:
+        """Stop after the block in hand (the copy failed); wait for it."""
+        self.cancelled = True
+        self.join()
 
     def result(self) -> int:
         self.join()

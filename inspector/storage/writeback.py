@@ -23,7 +23,7 @@ T = TypeVar("T")
 def durable(fd: int, progress: Callable[[T], None]) -> Iterator[Callable[[T], None]]:
     """Yield ``progress`` that also starts flushing ``fd``'s written bytes; on a clean exit
     wait for the flushes and ``fsync`` (the file is on disk when the block is left). On an
-    exception nothing more is flushed: the caller discards the file."""
+    exception nothing more is flushed and nothing is waited for: the caller discards the file."""
     flusher = _Flusher(fd)
 
     def done(item: T) -> None:
@@ -32,8 +32,10 @@ def durable(fd: int, progress: Callable[[T], None]) -> Iterator[Callable[[T], No
 
     try:
         yield done
-    finally:
-        flusher.finish()
+    except BaseException:
+        flusher.stop()  # not waited for: an interrupt must not wait for the disk
+        raise
+    flusher.finish()
     flusher.raise_error()
     os.fsync(fd)
 
@@ -43,27 +45,32 @@ class _Flusher(threading.Thread):
 
     def __init__(self, fd: int) -> None:
         super().__init__(daemon=True, name=f"inspector-writeback-{fd}")
-        self.fd = fd
+        self.fd = os.dup(fd)  # its own, so the caller may close the file while a flush runs
         self.wanted = threading.Event()
         self.finished = False
         self.error: OSError | None = None
         self.start()
 
     def run(self) -> None:
-        while True:
-            self.wanted.wait()
-            self.wanted.clear()
-            if self.finished:
-                return
-            try:
+        try:
+            while True:
+                self.wanted.wait()
+                self.wanted.clear()
+                if self.finished:
+                    return
                 os.fdatasync(self.fd)
-            except OSError as exc:
-                self.error = exc
-                return
+        except OSError as exc:
+            self.error = exc
+        finally:
+            os.close(self.fd)
 
-    def finish(self) -> None:
+    def stop(self) -> None:
+        """No more flushes; the one in flight, if any, ends on its own."""
         self.finished = True
         self.wanted.set()
+
+    def finish(self) -> None:
+        self.stop()
         self.join()
 
     def raise_error(self) -> None:

@@ -37,7 +37,10 @@ def test_an_exception_stops_the_flusher_and_propagates(tmp_path: Path) -> None:
 
     with pytest.raises(KeyError), open(tmp_path / "out.bin", "wb", buffering=0) as f:
         fails(f.fileno())
+    for thread in _writeback_threads():  # not waited for (an interrupt must not wait for
+        thread.join(10)  # the disk), it ends once the flush in flight is done
     assert _writeback_threads() == []
+    assert (tmp_path / "out.bin").exists()  # the flusher's own fd closed, not the caller's
 
 
 def test_a_failed_flush_is_raised_at_the_end() -> None:

@@ -8,9 +8,10 @@ records' CRC-32s are set at the end.
 
 While torch's writer exists, Ctrl-C (SIGINT) is recorded, not raised: a KeyboardInterrupt
 inside a callback from C++ would leave the writer half-done, and its destructor would then
-abort the whole process. The sink writes nothing more once the interrupt is recorded (the
-writer finishes at once, into nothing), and the interrupt is delivered as soon as the
-writer is gone; the caller removes the partial file.
+abort the whole process. The copy in hand stops at its next step (at most 64 MiB), the sink
+writes nothing more once the interrupt is recorded (the writer finishes at once, into
+nothing), and the interrupt is delivered as soon as the writer is gone; the caller removes
+the partial file.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from inspector.errors import ExportError
 from inspector.formats.safe_pickle import LEGACY_STORAGE_DTYPES
 from inspector.formats.torch_archive import contiguous_strides
 from inspector.formats.writing import Item, write_item
-from inspector.storage.copy import write_all
+from inspector.storage.copy import halting, write_all
 from inspector.storage.writeback import durable
 
 
@@ -101,7 +102,7 @@ def _write_archive(
         _replace_leaves(structure, lambda item: _TensorReduction(item, by_id[id(item)]))
     )
     sink.pending = [item for item in items if item.nbytes]
-    with _DeferredInterrupt() as sink.interrupt:
+    with _DeferredInterrupt() as sink.interrupt, halting(sink.halt):
         writer = torch._C.PyTorchFileWriter(sink)  # type: ignore[call-overload]  # a file-like
         try:
             for item, storage in zip(items, storages, strict=True):
@@ -174,6 +175,11 @@ class _Sink:
     @property
     def stopped(self) -> bool:
         return self.error is not None or self.interrupt.pending
+
+    def halt(self) -> None:
+        """Stop the copy in hand once Ctrl-C is recorded (kept as the sink's error)."""
+        if self.interrupt.pending:
+            raise KeyboardInterrupt
 
     def write(self, data: Any) -> int:
         size = memoryview(data).nbytes

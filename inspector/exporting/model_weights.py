@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     from inspector.exporting import hf
     from inspector.storage.base import ByteRange
 
-ADAPTED_FP8_MODES = ("dequantize", "unwrap")  # "keep" writes scales no HF model loads
+# "keep" writes scales no HF model loads; "quantize" reads dequantized, then quantizes the
+# adapter's outputs (see quantize.split_items)
+ADAPTED_FP8_MODES = ("dequantize", "unwrap", "quantize")
 CONFIG_NAME = "config.json"
 HfConfig = Mapping[str, Any] | str | os.PathLike | None
 _MAX_CONFIG_BYTES = 1 << 24  # model configs are kilobytes; a bigger "config" is not one
@@ -74,7 +76,8 @@ class ModelWeights:
                 self.skipped[entry.key] = "not a tensor"
             else:
                 tensors.append(entry.key)
-        found, consumed = planning.outputs(ck, tensors, fp8, dtype, "fail")
+        mode = "dequantize" if fp8 == "quantize" else fp8
+        found, consumed = planning.outputs(ck, tensors, mode, dtype, "fail")
         self.skipped |= consumed
         self.outputs: dict[str, Fp8Output] = {}
         self._keys: dict[str, str] = {}

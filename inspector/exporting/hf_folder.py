@@ -25,6 +25,7 @@ from inspector.exporting import verify as checking
 from inspector.exporting.base import ExportResult, Meter, refuse_inside_source
 from inspector.exporting.model_weights import (
     CONFIG_NAME,
+    HF_FP8_MODES,
     ModelWeights,
     asset_files,
     compare_tied,
@@ -51,7 +52,7 @@ def export_hf(request: ExportRequest) -> ExportResult:
     ck, out = request.open(), request.out
     refuse_inside_source(ck, out)
     refuse_overlap(out, {"hf_assets": request.hf_assets})
-    weights = ModelWeights(ck, request.fp8, request.dtype)
+    weights = ModelWeights(ck, request.fp8, request.dtype, HF_FP8_MODES)
     config = load_config(request.hf_config, request.hf_assets)
     found = hf.to_hf(weights.metas(), config, request.arch or "auto", ck.run_args)
     compare_tied(weights, found.must_equal)

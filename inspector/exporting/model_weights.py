@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from inspector.exporting import hf
     from inspector.storage.base import ByteRange
 
-# "keep" writes scales no HF model loads; "quantize" reads dequantized, then quantizes the
-# adapter's outputs (see quantize.split_items)
-ADAPTED_FP8_MODES = ("dequantize", "unwrap", "quantize")
+ADAPTED_FP8_MODES = ("dequantize", "unwrap")  # "keep" writes scales no HF model loads
+# an hf folder also quantizes: it reads dequantized, then splits the adapter's outputs
+HF_FP8_MODES = (*ADAPTED_FP8_MODES, "quantize")
 CONFIG_NAME = "config.json"
 HfConfig = Mapping[str, Any] | str | os.PathLike | None
 _MAX_CONFIG_BYTES = 1 << 24  # model configs are kilobytes; a bigger "config" is not one
@@ -60,10 +60,16 @@ class ModelWeights:
     come in a row read it once.
     """
 
-    def __init__(self, ck: Checkpoint, fp8: str, dtype: str | None) -> None:
-        if fp8 not in ADAPTED_FP8_MODES:
+    def __init__(
+        self,
+        ck: Checkpoint,
+        fp8: str,
+        dtype: str | None,
+        modes: tuple[str, ...] = ADAPTED_FP8_MODES,
+    ) -> None:
+        if fp8 not in modes:
             raise UsageError(
-                f"fp8 must be one of {', '.join(ADAPTED_FP8_MODES)} for a model-folder export, "
+                f"fp8 must be one of {', '.join(modes)} for a model-folder export, "
                 f"not {fp8!r}"
             )
         self.ck, self.cast = ck, dtype

@@ -135,35 +135,13 @@ def _quantized(
 
     if mode != "quantize" or not quantize.quantizable(key, shape, value.dtype):
         return [value]
-    made = _Quantized(value, dtype)
+    made = quantize.Quantization(value.read, dtype)
     rows = (shape[0], 1) if shape else None
     text = f"{value.conversion or value.dtype} -> float8_e4m3fn, per-channel scale"
     return [
         Output(key, value.sources, text, made.weight, "float8_e4m3fn", shape, raw=True),
         Output(f"{key}_scale", value.sources, f"scale of {key}", made.scale, dtype, rows, True),
     ]
-
-
-class _Quantized:
-    """Quantizes one weight once and hands out its FP8 values, then its scale."""
-
-    def __init__(self, value: Output, dtype: str) -> None:
-        self.value, self.dtype = value, dtype
-        self._scale: torch.Tensor | None = None
-
-    def weight(self) -> torch.Tensor:
-        from inspector.exporting.quantize import fp8_weight
-
-        weight = self.value.read().to(dtypes.to_torch(self.dtype))
-        fp8, self._scale = fp8_weight(weight, "channel")
-        return fp8
-
-    def scale(self) -> torch.Tensor:
-        if self._scale is None:
-            self.weight()
-        scale, self._scale = self._scale, None
-        assert scale is not None
-        return scale
 
 
 def _grouped(ck: Checkpoint, wanted: set[str]) -> dict[str, LogicalWeight]:

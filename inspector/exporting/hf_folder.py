@@ -25,6 +25,7 @@ from inspector.exporting import verify as checking
 from inspector.exporting.base import ExportResult, Meter, refuse_inside_source
 from inspector.exporting.model_weights import (
     CONFIG_NAME,
+    HF_FP8_MODES,
     ModelWeights,
     asset_files,
     compare_tied,
@@ -51,7 +52,7 @@ def export_hf(request: ExportRequest) -> ExportResult:
     ck, out = request.open(), request.out
     refuse_inside_source(ck, out)
     refuse_overlap(out, {"hf_assets": request.hf_assets})
-    weights = ModelWeights(ck, request.fp8, request.dtype)
+    weights = ModelWeights(ck, request.fp8, request.dtype, HF_FP8_MODES)
     config = load_config(request.hf_config, request.hf_assets, ck)
     found = hf.to_hf(weights.metas(), config, request.arch or "auto", ck.run_args)
     compare_tied(weights, found.must_equal)
@@ -60,10 +61,14 @@ def export_hf(request: ExportRequest) -> ExportResult:
         Planned(weights.item(o), weights.stored(o.source), (o.name,), weights.conversion(o))
         for o in found.outputs
     ]
+    names = _names(planned)
+    config = with_dtype(found.config, [p.item for p in planned])
+    if request.fp8 == "quantize":
+        planned, quantization = _quantized(planned)
+        config = config | {"quantization_config": quantization}
     items = [p.item for p in planned]
     for item in items:
         safetensors_dtype(item.dtype, item.name)
-    config = with_dtype(found.config, items)
     meter = request.meter(sum(i.nbytes for i in items))
     before = checking.SourceState(ck)
     try:
@@ -98,7 +103,7 @@ def export_hf(request: ExportRequest) -> ExportResult:
         bytes=sum(i.nbytes for i in items),
         skipped=skipped,
         conversions={p.item.name: p.conversion for p in planned if p.conversion},
-        names=_names(planned),
+        names=names,
         seconds=time.perf_counter() - started,
         verification=verification,
         arch=found.arch,
@@ -119,6 +124,26 @@ def with_dtype(config: dict, items: list[Item]) -> dict:
     dtype = by_bytes.most_common(1)[0][0]
     keys = [k for k in ("torch_dtype", "dtype") if k in config] or ["torch_dtype"]
     return config | dict.fromkeys(keys, dtype)
+
+
+def _quantized(planned: list[Planned]) -> tuple[list[Planned], dict]:
+    """The plan with its linear weights as FP8 + per-channel scale, and the config entry."""
+    from inspector.exporting.quantize import split_items
+
+    split, entry = split_items([p.item for p in planned])
+    quantized = [
+        Planned(item, p.entry_key, (item.name,), _fp8_conversion(p, item, len(s)))
+        for p, s in zip(planned, split, strict=True)
+        for item in s
+    ]
+    return quantized, entry
+
+
+def _fp8_conversion(planned: Planned, item: Item, parts: int) -> str | None:
+    if parts == 1:
+        return planned.conversion
+    what = "per-channel scale" if item.name.endswith("_scale") else "to float8_e4m3fn"
+    return f"{planned.conversion or planned.entry_key}; {what}"
 
 
 def _write_shards(

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from inspector.storage.base import ByteRange
 
 ADAPTED_FP8_MODES = ("dequantize", "unwrap")  # "keep" writes scales no HF model loads
+# an hf folder also quantizes: it reads dequantized, then splits the adapter's outputs
+HF_FP8_MODES = (*ADAPTED_FP8_MODES, "quantize")
 CONFIG_NAME = "config.json"
 HfConfig = Mapping[str, Any] | str | os.PathLike | None
 _MAX_CONFIG_BYTES = 1 << 24  # model configs are kilobytes; a bigger "config" is not one
@@ -58,10 +60,16 @@ class ModelWeights:
     come in a row read it once.
     """
 
-    def __init__(self, ck: Checkpoint, fp8: str, dtype: str | None) -> None:
-        if fp8 not in ADAPTED_FP8_MODES:
+    def __init__(
+        self,
+        ck: Checkpoint,
+        fp8: str,
+        dtype: str | None,
+        modes: tuple[str, ...] = ADAPTED_FP8_MODES,
+    ) -> None:
+        if fp8 not in modes:
             raise UsageError(
-                f"fp8 must be one of {', '.join(ADAPTED_FP8_MODES)} for a model-folder export, "
+                f"fp8 must be one of {', '.join(modes)} for a model-folder export, "
                 f"not {fp8!r}"
             )
         self.ck, self.cast = ck, dtype
@@ -74,7 +82,8 @@ class ModelWeights:
                 self.skipped[entry.key] = "not a tensor"
             else:
                 tensors.append(entry.key)
-        found, consumed = planning.outputs(ck, tensors, fp8, dtype, "fail")
+        mode = "dequantize" if fp8 == "quantize" else fp8
+        found, consumed = planning.outputs(ck, tensors, mode, dtype, "fail")
         self.skipped |= consumed
         self.outputs: dict[str, Fp8Output] = {}
         self._keys: dict[str, str] = {}

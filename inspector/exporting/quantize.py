@@ -16,7 +16,11 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from inspector.formats.writing import Item
+
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     import torch
 
 SCHEMES = ("channel", "block")
@@ -56,6 +60,55 @@ def fp8_weight(weight: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.T
     scaled += torch.zeros((), dtype=weight.dtype)  # the symmetric zero point: -0.0 becomes 0.0
     bound = torch.tensor(FP8_MAX)
     return torch.clamp(scaled, -bound, bound).to(torch.float8_e4m3fn), scale
+
+
+class Quantization:
+    """Quantizes one weight (``read()`` in ``dtype``) once, and hands out its FP8 values,
+    then its scale; asked again, it quantizes again."""
+
+    def __init__(self, read: Callable[[], torch.Tensor], dtype: str) -> None:
+        self.read, self.dtype = read, dtype
+        self._scale: torch.Tensor | None = None
+
+    def weight(self) -> torch.Tensor:
+        from inspector import dtypes
+
+        fp8, self._scale = fp8_weight(self.read().to(dtypes.to_torch(self.dtype)), "channel")
+        return fp8
+
+    def scale(self) -> torch.Tensor:
+        if self._scale is None:
+            self.weight()
+        scale, self._scale = self._scale, None
+        assert scale is not None
+        return scale
+
+
+def split_items(items: list[Item]) -> tuple[list[list[Item]], dict[str, Any]]:
+    """Each item as FP8 weight + per-channel scale items where :func:`quantizable` (else as
+    it is), and the ``quantization_config`` for them (:func:`config_of`)."""
+    split: list[list[Item]] = []
+    for item in items:
+        if not quantizable(item.name, item.shape, item.dtype):
+            split.append([item])
+            continue
+        made = Quantization(item.produce, item.dtype)
+        scale = Item(f"{item.name}_scale", item.dtype, (item.shape[0], 1), made.scale)
+        split.append([Item(item.name, "float8_e4m3fn", item.shape, made.weight), scale])
+    return split, config_of([i.name for s in split for i in s])
+
+
+def config_of(names: Iterable[str]) -> dict[str, Any]:
+    """The ``quantization_config`` of written tensors ``names``: every ``*.weight`` without a
+    ``*.weight_scale`` beside it, and ``lm_head`` (a tied head has no weight of its own),
+    is in the ignore list."""
+    names = set(names)
+    ignore = {"lm_head"} | {
+        n.removesuffix(".weight")
+        for n in names
+        if n.endswith(".weight") and f"{n}_scale" not in names
+    }
+    return quantization_config("channel", sorted(ignore))
 
 
 def _scale(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from inspector.exporting.base import (
     refuse_inside_source,
     retrying,
 )
+from inspector.exporting.model_weights import CONFIG_NAME
 from inspector.exporting.plan import INDEX_NAME, Planned
 from inspector.exporting.request import ExportRequest
 from inspector.exporting.shares import TensorPlan
@@ -286,9 +288,24 @@ def _write_safetensors(job: Job, meter: Meter) -> Written:
             index = folder / INDEX_NAME
             total = sum(i.nbytes for i in items if i.name in weight_map)
             files.temp_for(index).write_text(index_text(weight_map, total))
+        config = _quantized_config(job, weight_map)
+        if config is not None:
+            files.temp_for(folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         written = files.commit()
     crcs = {k: crcs.get(k, 0) for k in weight_map}
     return Written([p for p in written if p != index], index, 0, crcs)
+
+
+def _quantized_config(job: Job, names: Iterable[str]) -> dict | None:
+    """With ``fp8="quantize"``, the config.json beside the source with the
+    ``quantization_config`` of what was written (None without a source config)."""
+    if job.request.fp8 != "quantize":
+        return None
+    from inspector.exporting.model_weights import load_config
+    from inspector.exporting.quantize import config_of
+
+    config = load_config(None, None, job.ck)
+    return None if config is None else config | {"quantization_config": config_of(names)}
 
 
 def _safetensors_layout(

@@ -342,7 +342,8 @@ def test_existing_output_is_kept_unless_overwrite(exports, torchtitan_models, tm
     [
         ({"format": "hf", "rename": {"a": "b"}}, "rename do not apply to format='hf'"),
         ({"format": "hf", "model_only": False}, "model_only do not apply"),
-        ({"format": "hf", "fp8": "keep"}, "fp8 must be one of dequantize, unwrap"),
+        ({"format": "hf", "fp8": "keep"}, "fp8 must be one of dequantize, unwrap, quantize"),
+        ({"format": "dcp", "fp8": "quantize"}, "fp8 must be one of dequantize, unwrap for"),
         ({"format": "hf", "naming": "torchtitan"}, "naming applies to format='dcp'"),
         ({"format": "hf", "arch": "gpt2"}, "unknown arch 'gpt2'"),
         ({"format": "safetensors", "hf_assets": "x"}, "hf_assets only apply to format='hf'"),

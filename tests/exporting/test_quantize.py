@@ -57,8 +57,9 @@ def test_quantize_export_is_a_compressed_tensors_folder(tmp_path: Path) -> None:
     weights = {key: ctf.weight(i) for i, key in enumerate(LINEARS)}
     weights |= {key: ctf.weight(5 + i) for i, key in enumerate(KEPT)}
     save_file(weights, src / "model.safetensors")
+    (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
     out = tmp_path / "fp8"
-    result = inspector.export(src, out / "model.safetensors", fp8="quantize", progress=False)
+    result = inspector.export(src, out, fp8="quantize", progress=False)
     assert result.tensors == len(LINEARS) * 2 + len(KEPT)
     written = load_file(out / "model.safetensors")
     for key in KEPT:
@@ -69,11 +70,12 @@ def test_quantize_export_is_a_compressed_tensors_folder(tmp_path: Path) -> None:
         theirs = compressed_tensors_fp8(weights[key], "FP8_DYNAMIC")
         assert same_bits(written[key], theirs["weight"])
         assert same_bits(written[key + "_scale"], theirs["weight_scale"])
-    config = {
+    written_config = json.loads((out / "config.json").read_text())
+    ignore = ["lm_head", "model.embed_tokens", "model.norm"]
+    assert written_config == {
         "model_type": "llama",
-        "quantization_config": quantization_config("channel", ["lm_head"]),
+        "quantization_config": quantization_config("channel", ignore),
     }
-    (out / "config.json").write_text(json.dumps(config))
     ck = inspector.open(out)
     assert sorted(ck.logical) == sorted(LINEARS)
     for key in LINEARS:
@@ -100,6 +102,66 @@ def test_fp8_trained_wrappers_quantize_their_master_weights(demo_dir: Path) -> N
         assert same_bits(got[key].read(), masters[key]), key
 
 
+def decompressed(folder: Path) -> dict[str, torch.Tensor]:
+    """compressed-tensors' own decompression of ``folder``'s weights, by the compressor and
+    scheme its config.json names."""
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+
+    config = json.loads((folder / "config.json").read_text())["quantization_config"]
+    parsed = QuantizationConfig.model_validate(config)
+    compressor = BaseCompressor.get_value_from_registry(parsed.format)
+    scheme = parsed.config_groups["group_0"]
+    written = load_file(folder / "model.safetensors")
+    return {
+        key: compressor.decompress(
+            {"weight": written[key], "weight_scale": written[key + "_scale"]}, scheme
+        )["weight"]
+        for key in written
+        if key + "_scale" in written
+    }
+
+
+@pytest.mark.parametrize("case", ["fsdp", "fp8"])
+def test_hf_export_writes_a_folder_transformers_loads(torchtitan_models, tmp_path, case):
+    """``format="hf"`` writes the quantization_config itself; transformers loads the folder
+    as it is, and its decompressed linear weights, compressed-tensors' own decompression
+    and inspector's reading agree bit for bit; the FP8 values are those of the HF weights."""
+    import transformers
+
+    naming = "torchtitan-2025" if case == "fp8" else "torchtitan"
+    out = tmp_path / case
+    inspector.export(
+        torchtitan_models.dcp("llama3", naming, case),
+        out,
+        format="hf",
+        fp8="quantize",
+        hf_assets=torchtitan_models.assets("llama3"),
+        progress=False,
+    )
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, output_loading_info=True
+    )
+    assert not any(info.values()), info
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]))  # the first forward decompresses the weights
+    ck, params = inspector.open(out), dict(model.named_parameters())
+    theirs = decompressed(out)
+    reference = load_file(next(Path(torchtitan_models.hf("llama3")).glob("*.safetensors")))
+    linears = [k for k, v in reference.items() if v.ndim == 2 and "embed" not in k]
+    kept = {k.removesuffix(".weight") for k in reference if k not in linears}
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["ignore"] == sorted(kept | {"lm_head"})
+    assert any("norm" in k for k in kept) and "model.embed_tokens" in kept
+    quantized = sorted(k for k in linears if k != "lm_head.weight")
+    assert sorted(ck.logical) == sorted(theirs) == quantized
+    for key, value in theirs.items():
+        assert same_bits(ck.read(key), value), key
+        assert same_bits(params[key].detach(), value), key
+        fp8, _ = fp8_weight(reference[key].to(value.dtype), "channel")
+        assert same_bits(load_file(out / "model.safetensors")[key], fp8), key
+
+
 def test_transformers_loads_the_quantized_folder(tmp_path: Path) -> None:
     """transformers (with compressed-tensors) loads the folder, and after its own
     decompression every linear weight equals what inspector reads back."""
@@ -117,10 +179,7 @@ def test_transformers_loads_the_quantized_folder(tmp_path: Path) -> None:
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "src")
     out = tmp_path / "fp8"
-    inspector.export(tmp_path / "src", out / "model.safetensors", fp8="quantize", progress=False)
-    written = json.loads((tmp_path / "src" / "config.json").read_text())
-    written["quantization_config"] = quantization_config("channel", ["lm_head"])
-    (out / "config.json").write_text(json.dumps(written))
+    inspector.export(tmp_path / "src", out, fp8="quantize", progress=False)
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
         out, dtype=torch.bfloat16, output_loading_info=True
     )
@@ -132,3 +191,7 @@ def test_transformers_loads_the_quantized_folder(tmp_path: Path) -> None:
     assert len(ck.logical) == 7
     for key in ck.logical:
         assert same_bits(params[key].detach(), ck.read(key)), key
+    theirs = decompressed(out)
+    assert sorted(theirs) == sorted(ck.logical)
+    for key, value in theirs.items():
+        assert same_bits(value, ck.read(key)), key

@@ -29,11 +29,17 @@ test: dev-env
 	$(PY) -m pytest
 
 # Many more fuzz examples than `make test` runs, with a fresh seed each time; the native
-# decoders' sanitized (ASan+UBSan) structure-aware pass for FUZZ_SECONDS (tests/native/).
+# decoders' sanitized (ASan+UBSan) structure-aware pass for FUZZ_SECONDS, then coverage-guided
+# fuzzing (libFuzzer via atheris, clang's counters in the C code) of each native entry for
+# FUZZ_SECONDS/3 each (tests/native/). clang (apt-get, as root) and atheris when missing.
 FUZZ_SECONDS ?= 600
 fuzz: dev-env
 	FUZZ_PROFILE=fuzz $(PY) -m pytest tests/test_fuzz.py tests/test_fuzz_structure.py
 	SANITIZED_FUZZ_SECONDS=$(FUZZ_SECONDS) SANITIZED_FUZZ_SEED=random $(PY) -m pytest tests/native/test_sanitized.py
+	command -v clang >/dev/null || apt-get install -y clang
+	$(PY) -c 'import atheris' 2>/dev/null || $(PIP) atheris==3.0.0
+	GUIDED_FUZZ_SECONDS=$$(( $(FUZZ_SECONDS) / 3 )) GUIDED_TARGETS=metadata,opscan,table \
+		$(PY) -m pytest tests/native/test_guided.py
 
 # JupyterLab at the repository root (demo_checkpoints/ in view) on working copies of the
 # notebooks, so what it autosaves stays out of notebooks/ (committed without outputs).

@@ -65,10 +65,15 @@ def decode(data: bytes) -> Any:
     return found, NATIVE[2](data, 0, len(data), prescan._OPSCAN_TABLE)
 
 
-def main(corpus: Path, seconds: float, seed: int) -> int:
+def check_build() -> None:
+    """Every native module loaded is the sanitized build's."""
     build = Path(os.environ["SANITIZED_BUILD"])
     for module in (direct._metadata, reader._table, sys.modules[prescan._clean.__module__]):
         assert module is not None and Path(module.__file__).is_relative_to(build), module
+
+
+def main(corpus: Path, seconds: float, seed: int) -> int:
+    check_build()
     counts = {"boundaries": 0, "folders": 0, "mutants": 0, "mutants_opened": 0}
     failures = []
     for name, data in boundaries.inputs():

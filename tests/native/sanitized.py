@@ -12,6 +12,7 @@ install. ``python -m tests.native.sanitized CORPUS SECONDS`` is ``make fuzz``'s 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -35,6 +36,8 @@ FLAGS = (
     "-shared",
     "-fPIC",
 )
+# The coverage-guided build (tests/native/guided.py): clang's libFuzzer edge counters too.
+GUIDED_FLAGS = ("-fsanitize=fuzzer-no-link,address,undefined", *FLAGS[1:])
 
 
 def compiler() -> str:
@@ -51,34 +54,40 @@ def runtime() -> str:
     return found
 
 
-def compile_one(source: Path, out: Path) -> None:
+def compile_one(source: Path, out: Path, flags: tuple[str, ...] = FLAGS, cc: str = "") -> None:
     include = sysconfig.get_paths()["include"]
     subprocess.run(
-        [compiler(), *FLAGS, f"-I{include}", str(source), "-o", str(out)],
+        [cc or compiler(), *flags, f"-I{include}", str(source), "-o", str(out)],
         check=True,
         capture_output=True,
         text=True,
     )
 
 
-def build(dest: Path, sources: dict[str, Path] | None = None) -> Path:
+def build(
+    dest: Path,
+    sources: dict[str, Path] | None = None,
+    flags: tuple[str, ...] = FLAGS,
+    cc: str = "",
+) -> Path:
     """The inspector package, with sanitized extensions, under ``dest``; ``sources`` replaces
-    the C file of an extension (by its path in EXTENSIONS)."""
+    the C file of an extension (by its path in EXTENSIONS); ``flags``/``cc``: GUIDED_FLAGS
+    and clang for the coverage-guided build."""
     shutil.copytree(
         ROOT / "inspector", dest / "inspector", ignore=shutil.ignore_patterns("*.so", "__pycache__")
     )
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     for name in EXTENSIONS:
         source = (sources or {}).get(name, ROOT / name)
-        compile_one(source, dest / (name.removesuffix(".c") + suffix))
+        compile_one(source, dest / (name.removesuffix(".c") + suffix), flags, cc)
     return dest
 
 
-def environment(dest: Path) -> dict[str, str]:
+def environment(dest: Path, preload: str = "") -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         PYTHONPATH=os.pathsep.join([str(dest), str(ROOT)]),
-        LD_PRELOAD=runtime(),
+        LD_PRELOAD=preload or runtime(),
         ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1",
         UBSAN_OPTIONS="print_stacktrace=1",
         PYTHONMALLOC="malloc",
@@ -109,3 +118,36 @@ def drive(dest: Path, corpus: Path, seconds: float, seed: int) -> subprocess.Com
         timeout=seconds + 300,
         cwd=dest,
     )
+
+
+def fuzzer_runtime() -> str:
+    """atheris's ASan runtime with libFuzzer in it, preloaded for native-extension fuzzing."""
+    spec = importlib.util.find_spec("atheris")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("atheris is not installed")
+    found = Path(spec.origin).parents[1] / "asan_with_fuzzer.so"
+    if not found.is_file():
+        raise RuntimeError(f"atheris has no {found.name}")
+    return str(found)
+
+
+def guided(
+    dest: Path, target: str, template: Path, seeds: Path, seconds: float
+) -> subprocess.CompletedProcess[str]:
+    """tests/native/guided.py's ``target`` for ``seconds`` under the clang build in ``dest``;
+    the corpus it grows goes to ``dest/guided-<target>`` (``seeds`` stays as it is),
+    a crashing input to ``dest/crash-*``, libFuzzer's log to ``dest/guided-<target>.log``."""
+    grown = dest / f"guided-{target}"
+    grown.mkdir(exist_ok=True)
+    args = [f"-max_total_time={int(seconds)}", "-max_len=20000", "-detect_leaks=0"]
+    args += ["-print_final_stats=1", f"-artifact_prefix={dest}/", str(grown), str(seeds)]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests/native/guided.py"), target, str(template), *args],
+        env=environment(dest, fuzzer_runtime()),
+        capture_output=True,
+        text=True,
+        timeout=seconds + 300,
+        cwd=dest,
+    )
+    (dest / f"guided-{target}.log").write_text(done.stderr)
+    return done

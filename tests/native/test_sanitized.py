@@ -9,44 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sysconfig
 from pathlib import Path
 
-import pytest
-
-from tests.hostile import damage, paths, pickles
 from tests.hostile.tally import TALLY
 from tests.native import sanitized
 
 SECONDS = float(os.environ.get("SANITIZED_FUZZ_SECONDS", "30"))
 SEED = os.environ.get("SANITIZED_FUZZ_SEED", "34")  # "random": a fresh one (make fuzz)
-
-
-@pytest.fixture(scope="module")
-def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        sanitized.runtime()
-    except (OSError, RuntimeError) as exc:  # make test installs gcc (.ci/run): never on CI
-        pytest.skip(f"no compiler with AddressSanitizer: {exc}")
-    return sanitized.build(tmp_path_factory.mktemp("sanitized"))
-
-
-@pytest.fixture(scope="module")
-def corpus(genuine, demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every DCP checkpoint the hostile corpus makes, and the genuine demo ones."""
-    folder = tmp_path_factory.mktemp("native_corpus") / "corpus"
-    folder.mkdir()
-    for name in ("seed", "flat", "fp8"):
-        if (demo_dir / name / ".metadata").exists():
-            shutil.copytree(demo_dir / name, folder / f"genuine-{name}")
-    work = tmp_path_factory.mktemp("hostile_cases")
-    for family in (damage, paths, pickles):
-        for name, generate in family.CASES.items():
-            case = generate(genuine, work / name)
-            if case.path.is_dir() and (case.path / ".metadata").is_file():
-                shutil.copytree(case.path, folder / name, symlinks=True)
-    return folder
 
 
 def test_the_sanitizer_catches_a_stale_pointer(build: Path) -> None:

@@ -119,7 +119,7 @@ class ExportPanel(w.VBox):
             style=_WIDE,
         )
         self.fp8 = w.Dropdown(
-            options=[(f"{mode}: {FP8_MODE_HELP[mode]}", mode) for mode in OPTION["fp8"].choices],
+            options=[(f"{m}: {FP8_MODE_HELP[m]}", m) for m in OPTION["fp8"].choices or ()],
             **labelled("fp8"),
             layout=w.Layout(width="560px"),
             style=_WIDE,

@@ -75,9 +75,11 @@ class ExportForm:
         self.rename: dict[str, str] | None = None
         self.rename_source: str | None = None
 
-    @property
-    def format(self) -> str:
-        return str(self.values["format"])
+    def __getattr__(self, name: str) -> Any:
+        """An option's value, read as an attribute (``form.dtype``)."""
+        if name in FORM_OPTIONS:
+            return self.__dict__["values"][name]
+        raise AttributeError(name)
 
     def target(self) -> Path | str:
         """What the exporter is handed: a .pt file for pt, the folder (or file) otherwise;

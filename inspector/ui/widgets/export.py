@@ -237,6 +237,7 @@ class ExportPanel(w.VBox):
         options.values |= {
             name: getattr(self, name).value for name in FORM_OPTIONS if name != "verify"
         }
+        options.values["dtype"] = options.values["dtype"] or None  # "as stored" is ""
         options.out = self.out.value
         options.arguments()
         return options

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 
 class InspectorError(Exception):
@@ -12,10 +13,12 @@ class InspectorError(Exception):
     """
 
     def __init__(
-        self, message: str, *, file: str | os.PathLike | None = None, key: str | None = None
+        self, message: str, *, file: str | os.PathLike | None = None, key: str | None = None,
+        option: tuple[str, str] | None = None,
     ) -> None:
         self.file = None if file is None else str(file)
         self.key = key
+        self.option = option
         self.reason = message
         where = [f"{self.file}" if self.file else "", f"key {key!r}" if key is not None else ""]
         prefix = ": ".join(w for w in where if w)
@@ -25,6 +28,15 @@ class InspectorError(Exception):
         """Pickle by state, so an error raised in a worker process arrives whole (file, key,
         reason and any subclass fields), not re-built from its formatted message."""
         return _restored, (type(self), self.args, self.__dict__.copy())
+
+    def worded(self, spell: Callable[[str], str]) -> str:
+        """The message with the option it names (``option``: its name and how the message
+        spells it, e.g. ``("overwrite", "overwrite=True")``) spelled by a front end's ``spell``
+        (the CLI's flag, the app's label)."""
+        if self.option is None:
+            return str(self)
+        name, spelled = self.option
+        return str(self).replace(spelled, spell(name))
 
     @property
     def located(self) -> str:
@@ -99,3 +111,9 @@ class StorageAccessError(InspectorError):
 class RemoteError(StorageAccessError):
     """A remote server misbehaved: stalled, trickled, sent more than was asked for or an
     encoding that was not asked for. The message names the URL without credentials."""
+
+
+def output_exists(where: str | os.PathLike) -> ExportError:
+    """An export's output is there already (each front end words ``overwrite=True`` its way)."""
+    return ExportError("already exists; pass overwrite=True to replace it", file=where,
+                       option=("overwrite", "overwrite=True"))

@@ -1,7 +1,8 @@
 """Export settings as a form or command line holds them (names, text), and the export they run.
 
-:class:`ExportOptions` turns them into :func:`inspector.export` arguments, including a
-key rename taken from the FQN doctor's best rewrite (:meth:`ExportOptions.use_rewrite`).
+:class:`ExportForm` holds the shared export options (the table the CLI's flags come from)
+and turns them into :func:`inspector.export` arguments, including a key rename taken from
+the FQN doctor's best rewrite (:meth:`ExportForm.use_rewrite`).
 ``workers`` above 1 is passed on as ``export(workers=n)``.
 """
 
@@ -9,20 +10,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, UsageError
 from inspector.exporting.base import ExportResult, Progress
-from inspector.exporting.fp8 import FP8_MODES
-from inspector.exporting.plan import (
-    DEFAULT_SHARD_SIZE,
-    EXPORT_FORMATS,
-    MODEL_FOLDER_FORMATS,
-    check_choice,
-    parse_size,
+from inspector.exporting.plan import MODEL_FOLDER_FORMATS
+from inspector.exporting.request import (
+    MODEL_FOLDER_OPTIONS,
+    OPTION,
+    TENSOR_OPTIONS,
+    ExportRequest,
 )
 from inspector.exporting.run import export
 from inspector.keys.spellings import view_key
@@ -44,33 +43,43 @@ def default_out(ck: Checkpoint, folder: str | os.PathLike = "exports") -> Path:
     return Path(folder) / (ck.path.stem if ck.path.is_file() else ck.path.name)
 
 
-@dataclass
-class ExportOptions:
-    """What to export where; ``dtype`` None keeps stored dtypes, ``rename`` maps stored keys.
+# The export options the app's form holds, and its defaults where they are not the API's.
+FORM_OPTIONS = ("format", "dtype", "fp8", "model_only", "flatten", "max_shard_size",
+                "overwrite", "verify", "arch", "hf_assets", "hf_config", "workers")
+FORM_DEFAULTS = {"format": "safetensors", "arch": "auto"}
+
+
+def app_spelling(name: str) -> str:
+    """How the app names an export option in a message: its form label."""
+    return OPTION[name].shown if name in OPTION else name
+
+
+class ExportForm:
+    """What to export where, as the app's form holds it: ``values`` of the shared export
+    options (:data:`FORM_OPTIONS`, defaults from :class:`ExportRequest`), the rename the
+    FQN doctor chose and fsspec ``target_options`` for a URL ``out``.
 
     ``out`` is a folder (safetensors: ``model.safetensors`` or shards + index inside it; pt:
     ``model.pt`` inside it; hf: the model folder) or a file name with the format's suffix.
-    ``arch`` and ``hf_assets`` are for the hf format, which writes the whole model under
-    its HF names (``model_only``, ``flatten`` and ``rename`` do not apply to it).
-    ``target_options``: fsspec options for a URL ``out`` (default: the checkpoint's own).
     """
 
-    out: str
-    format: str = "safetensors"
-    dtype: str | None = None
-    fp8: str = "dequantize"
-    model_only: bool = True
-    flatten: bool = True
-    max_shard_size: str = DEFAULT_SHARD_SIZE
-    overwrite: bool = False
-    verify: bool = True
-    rename: dict[str, str] | None = None
-    rename_source: str | None = None
-    arch: str = "auto"
-    hf_assets: str | None = None
-    hf_config: str | None = None
-    workers: int = 1
-    target_options: dict[str, Any] | None = None
+    def __init__(self, out: str, target_options: dict[str, Any] | None = None,
+                 **values: Any) -> None:
+        unknown = [name for name in values if name not in FORM_OPTIONS]
+        if unknown:
+            raise UsageError(f"the export form has no {', '.join(unknown)}")
+        defaults = {name: OPTION[name].default for name in FORM_OPTIONS} | FORM_DEFAULTS
+        self.out = out
+        self.values = defaults | values
+        self.target_options = target_options
+        self.rename: dict[str, str] | None = None
+        self.rename_source: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        """An option's value, read as an attribute (``form.dtype``)."""
+        if name in FORM_OPTIONS:
+            return self.__dict__["values"][name]
+        raise AttributeError(name)
 
     def target(self) -> Path | str:
         """What the exporter is handed: a .pt file for pt, the folder (or file) otherwise;
@@ -85,56 +94,34 @@ class ExportOptions:
         return out
 
     def arguments(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`inspector.export` (besides the checkpoint and target)."""
+        """Keyword arguments of :func:`inspector.export` (besides the checkpoint and target):
+        the options that apply to the format, checked by the export's own record, each
+        refusal naming the option as the form labels it."""
         if not str(self.out).strip():
             raise InspectorError("no output folder given")
-        check_choice("format", self.format, EXPORT_FORMATS)
-        check_choice("FP8 handling", self.fp8, FP8_MODES)
-        try:
-            parse_size(self.max_shard_size)
-        except InspectorError as exc:
-            raise InspectorError(f"max shard size: {exc.reason}") from None
-        common = {
-            "format": self.format,
-            "dtype": dtypes.optional_name(self.dtype or None),
-            "fp8": self.fp8,
-            "max_shard_size": self.max_shard_size,
-            "overwrite": self.overwrite,
-            "verify": self.verify,
-        } | self._workers()
-        if self.format == "hf":
-            return common | {
-                "arch": self.arch,
-                "hf_assets": (self.hf_assets or "").strip() or None,
-                "hf_config": (self.hf_config or "").strip() or None,
-            }
-        return common | {
-            "model_only": self.model_only,
-            "flatten": self.flatten,
-            "rename": self.rename,
-        }
-
-    def _workers(self) -> dict[str, int]:
-        """``{"workers": n}`` for more than one worker; nothing for one (the default) nor for
-        an HF or DCP folder (written by one process)."""
-        if self.workers < 1:
-            raise InspectorError(f"workers must be at least 1, not {self.workers}")
-        parallel = self.workers > 1 and self.format not in MODEL_FOLDER_FORMATS
-        return {"workers": self.workers} if parallel else {}
+        folder = self.format in MODEL_FOLDER_FORMATS
+        left_out = TENSOR_OPTIONS if folder else MODEL_FOLDER_OPTIONS
+        arguments = {k: v for k, v in self.values.items() if k not in left_out}
+        arguments["dtype"] = dtypes.optional_name(arguments["dtype"] or None)
+        if folder:
+            for name in ("hf_assets", "hf_config"):
+                arguments[name] = (arguments[name] or "").strip() or None
+        else:
+            arguments["rename"] = self.rename
+        if folder or arguments["workers"] == 1:  # an HF or DCP folder: one process writes it
+            del arguments["workers"]
+        try:  # the source is opened by the export, not here
+            ExportRequest.build("", self.target(), **arguments)
+        except UsageError as exc:
+            raise UsageError(exc.worded(app_spelling)) from None
+        return arguments
 
     def run(
         self, ck: Checkpoint, on_progress: Callable[[Progress], None] | None = None
     ) -> ExportResult:
         """Export ``ck`` with these settings (no progress bar; ``on_progress`` is called)."""
-        arguments = self.arguments()
-        return export(
-            ck,
-            self.target(),
-            **arguments,
-            progress=False,
-            on_progress=on_progress,
-            target_options=self.target_options,
-        )
+        return export(ck, self.target(), **self.arguments(), progress=False,
+                      on_progress=on_progress, target_options=self.target_options)
 
     def use_rewrite(self, ck: Checkpoint, report: KeyReport) -> None:
         """Rename model keys as the report's best rewrite does (see :func:`rewrite_rename`)."""

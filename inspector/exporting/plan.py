@@ -78,7 +78,8 @@ def parse_size(value: int | str) -> int:
 
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
-        raise UsageError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+        raise UsageError(f"{name} must be one of {', '.join(choices)}, not {value!r}",
+                         option=(name, name))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from inspector.errors import ExportError, InspectorError
+from inspector.errors import ExportError, InspectorError, output_exists
 from inspector.exporting.plan import INDEX_NAME
 from inspector.formats.dcp.writer import METADATA_FILE
 from inspector.storage.remote import RemoteStorage, display_url
@@ -60,10 +60,7 @@ def export_to_url(
         if not overwrite:
             for name in names:
                 if folder.exists(name):
-                    raise ExportError(
-                        "already exists; pass overwrite=True to replace it",
-                        file=folder.describe(name),
-                    )
+                    raise output_exists(folder.describe(name))
         urls = _upload(folder, order, names, overwrite)
     return dataclasses.replace(
         result,

@@ -112,8 +112,13 @@ class ExportRequest:
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"{name} must be True or False, not {getattr(self, name)!r}")
         if not isinstance(self.workers, int) or self.workers < 1:
-            raise UsageError(f"workers must be at least 1, got {self.workers}")
-        plan.parse_size(self.max_shard_size)
+            raise UsageError(f"workers must be at least 1, got {self.workers}",
+                             option=("workers", "workers"))
+        try:
+            plan.parse_size(self.max_shard_size)
+        except UsageError as exc:
+            raise UsageError(f"max_shard_size: {exc.reason}",
+                             option=("max_shard_size", "max_shard_size")) from None
         if self.is_remote and self.distributed:
             raise UsageError("a URL output is written by one process or by workers, not by "
                              "torchrun ranks yet; write to a shared folder, then upload")
@@ -197,7 +202,9 @@ def _tuple(patterns: Iterable[str] | None) -> tuple[str, ...] | None:
 @dataclass(frozen=True)
 class Option:
     """An export option as the command line and the app offer it: help text, choices and
-    CLI flag. A flag with a ``flag_value`` takes no argument and sets the option to it."""
+    CLI flag, and the app's label. A flag with a ``flag_value`` takes no argument and sets
+    the option to it. Each front end spells the option in messages its own way (the flag,
+    the label), see :meth:`inspector.errors.InspectorError.worded`."""
 
     name: str
     help: str
@@ -207,6 +214,12 @@ class Option:
     metavar: str | None = None
     repeated: bool = False
     type: Callable[[str], Any] = str
+    label: str = ""
+
+    @property
+    def shown(self) -> str:
+        """The app's label (the name, in words, where none is given)."""
+        return self.label or self.name.replace("_", " ")
 
     @property
     def default(self) -> Any:
@@ -224,20 +237,26 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("format", "what to write (auto, the default: pt for a .pt/.pth/.bin target, else "
            "safetensors)", "--format", ("auto", *plan.EXPORT_FORMATS)),
-    Option("arch", "hf, dcp: auto (default) or " + ", ".join(plan.ARCHITECTURE_NAMES), "--arch"),
-    Option("hf_assets", "hf: tokenizer, config.json, ... to copy", "--hf-assets", metavar="DIR"),
-    Option("hf_config", "hf, dcp: the config.json to use", "--hf-config", metavar="FILE"),
+    Option("arch", "hf, dcp: auto (default) or " + ", ".join(plan.ARCHITECTURE_NAMES), "--arch",
+           label="architecture"),
+    Option("hf_assets", "hf: tokenizer, config.json, ... to copy", "--hf-assets", metavar="DIR",
+           label="HF assets"),
+    Option("hf_config", "hf, dcp: the config.json to use", "--hf-config", metavar="FILE",
+           label="HF config"),
     Option("naming", "dcp: torchtitan (0.3, default) or torchtitan-2025", "--naming",
            tuple(GENERATIONS)),
     Option("dtype", "cast floating tensors, e.g. bfloat16", "--dtype"),
-    Option("fp8", "how FP8 tensors are written", "--fp8", FP8_MODES),
+    Option("fp8", "how FP8 tensors are written", "--fp8", FP8_MODES, label="FP8 handling"),
     Option("max_shard_size", "e.g. 5GB (decimal), 500MiB", "--max-shard-size"),
-    Option("flatten", "keep the 'model.' prefix", "--keep-prefix", flag_value=False),
-    Option("model_only", "not only the model", "--all-components", flag_value=False),
+    Option("flatten", "keep the 'model.' prefix", "--keep-prefix", flag_value=False,
+           label="model. prefix"),
+    Option("model_only", "not only the model", "--all-components", flag_value=False,
+           label="model weights only"),
     Option("nested", "pt: keep the stored nesting", "--nested", flag_value=True),
     Option("include", "keys to keep", "--include", metavar="GLOB", repeated=True),
     Option("exclude", "keys to leave out", "--exclude", metavar="GLOB", repeated=True),
-    Option("overwrite", "replace existing output", "--overwrite", flag_value=True),
+    Option("overwrite", "replace existing output", "--overwrite", flag_value=True,
+           label="overwrite existing output"),
     Option("verify", "skip re-reading the output", "--no-verify", flag_value=False),
     Option("on_error", "leave damaged keys out", "--skip-unreadable", flag_value="skip"),
     Option("workers", "processes writing the export (same bytes as 1); under torchrun each "

@@ -21,8 +21,8 @@ from typing import Any
 from inspector.errors import (
     CheckpointFileMissingError,
     CorruptCheckpointError,
-    ExportError,
     UnsafeCheckpointError,
+    output_exists,
 )
 from inspector.storage.base import (
     ByteRange,
@@ -298,7 +298,7 @@ class AtomicFiles:
 
     def temp_for(self, final: Path) -> Path:
         if final.exists() and not self.overwrite:
-            raise ExportError("already exists; pass overwrite=True to replace it", file=final)
+            raise output_exists(final)
         temp = final.with_name(f"{final.name}{self._tag}.tmp")
         self._pending[final] = temp
         return temp

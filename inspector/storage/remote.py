@@ -37,6 +37,7 @@ from inspector.errors import (
     RemoteError,
     StorageAccessError,
     UsageError,
+    output_exists,
 )
 from inspector.storage.base import (
     ByteRange,
@@ -456,7 +457,7 @@ class RemoteStorage:
         path, label = self._path(name), self.describe(name)
         self._shared.infos.pop(path, None)
         if not overwrite and self._stat(name) is not None:
-            raise ExportError("already exists; pass overwrite=True to replace it", file=label)
+            raise output_exists(label)
         self._call(lambda fs: fs.put_file(str(local), path), label, "uploading it")
         self._shared.infos.pop(path, None)
         found = self._stat(name)

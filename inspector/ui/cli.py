@@ -15,7 +15,7 @@ from typing import Any
 import inspector
 from inspector.entry import Entry
 from inspector.errors import InspectorError
-from inspector.exporting.request import OPTIONS
+from inspector.exporting.request import OPTION, OPTIONS
 from inspector.keys.spellings import VIEWS
 from inspector.storage.remote import display_url, is_url
 from inspector.ui.views.text import (
@@ -575,13 +575,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except InspectorError as exc:
-        print(terminal_text(f"error: {exc}"), file=sys.stderr)
+        print(terminal_text(f"error: {exc.worded(_flag)}"), file=sys.stderr)
         return 2
     except BrokenPipeError:  # `ckpt-inspect ls ... | head` ends quietly
         _silence_stdout()
         return 1
     finally:
         sys.stdout = stdout
+
+
+def _flag(name: str) -> str:
+    """How the command line names an export option in a message: its flag."""
+    return OPTION[name].flag if name in OPTION else name
 
 
 def _silence_stdout() -> None:

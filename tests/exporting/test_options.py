@@ -10,19 +10,27 @@ from safetensors.torch import load_file
 
 import inspector
 from inspector.demo.model import build_model
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, output_exists
 from inspector.exporting import options as options_module
-from inspector.exporting.options import ExportOptions, default_out, rewrite_rename
+from inspector.exporting.options import (
+    FORM_DEFAULTS,
+    FORM_OPTIONS,
+    ExportForm,
+    app_spelling,
+    default_out,
+    rewrite_rename,
+)
 from inspector.exporting.plan import PARALLEL_BYTES, suggested_workers
+from inspector.exporting.request import OPTION
 
 MODEL_KEYS = list(build_model().state_dict())
 
 
 def test_targets_and_defaults(demo_dir: Path, tmp_path: Path) -> None:
-    assert ExportOptions(out="o").target() == Path("o")
-    assert ExportOptions(out="o", format="pt").target() == Path("o") / "model.pt"
-    assert ExportOptions(out="o/w.pth", format="pt").target() == Path("o/w.pth")
-    assert ExportOptions(out="o/m.safetensors").target() == Path("o/m.safetensors")
+    assert ExportForm(out="o").target() == Path("o")
+    assert ExportForm(out="o", format="pt").target() == Path("o") / "model.pt"
+    assert ExportForm(out="o/w.pth", format="pt").target() == Path("o/w.pth")
+    assert ExportForm(out="o/m.safetensors").target() == Path("o/m.safetensors")
     assert default_out(inspector.open(demo_dir / "flat")) == Path("exports") / "flat"
     inspector.export(demo_dir / "seed", tmp_path / "s", progress=False)
     single = inspector.open(tmp_path / "s" / "model.safetensors")
@@ -30,7 +38,7 @@ def test_targets_and_defaults(demo_dir: Path, tmp_path: Path) -> None:
 
 
 def test_arguments_are_checked_before_exporting() -> None:
-    arguments = ExportOptions(out="o", dtype="float16", fp8="unwrap", flatten=False).arguments()
+    arguments = ExportForm(out="o", dtype="float16", fp8="unwrap", flatten=False).arguments()
     assert arguments == {
         "format": "safetensors",
         "dtype": "float16",
@@ -43,11 +51,11 @@ def test_arguments_are_checked_before_exporting() -> None:
         "verify": True,
     }
     for options, message in (
-        (ExportOptions(out=" "), "no output folder"),
-        (ExportOptions(out="o", max_shard_size="5 parsecs"), "max shard size: cannot read size"),
-        (ExportOptions(out="o", format="npz"), "format must be one of"),
-        (ExportOptions(out="o", fp8="ignore"), "FP8 handling must be one of"),
-        (ExportOptions(out="o", dtype="half-ish"), "unknown dtype"),
+        (ExportForm(out=" "), "no output folder"),
+        (ExportForm(out="o", max_shard_size="5 parsecs"), "max shard size: cannot read size"),
+        (ExportForm(out="o", format="npz"), "format must be one of"),
+        (ExportForm(out="o", fp8="ignore"), "FP8 handling must be one of"),
+        (ExportForm(out="o", dtype="half-ish"), "unknown dtype"),
     ):
         with pytest.raises(InspectorError, match=message):
             options.arguments()
@@ -56,7 +64,7 @@ def test_arguments_are_checked_before_exporting() -> None:
 def test_best_rewrite_renames_stored_keys(demo_dir: Path, tmp_path: Path) -> None:
     ck = inspector.open(demo_dir / "prefixed")
     report = inspector.check_keys(ck, build_model())
-    options = ExportOptions(out=str(tmp_path / "fixed"), flatten=False)
+    options = ExportForm(out=str(tmp_path / "fixed"), flatten=False)
     options.use_rewrite(ck, report)
     assert options.rename == {f"model.{k}": k for k in MODEL_KEYS}
     assert options.rename_source == "strip 'model.' (21 keys renamed)"
@@ -79,7 +87,7 @@ def test_rewrite_spelled_flattened_maps_to_stored_keys(dcp_torch_save: dict) -> 
 
 def test_nothing_to_apply(demo_dir: Path) -> None:
     flat, seed = inspector.open(demo_dir / "flat"), inspector.open(demo_dir / "seed")
-    options = ExportOptions(out="o")
+    options = ExportForm(out="o")
     with pytest.raises(InspectorError, match="no rewrite to apply: the keys already match"):
         options.use_rewrite(flat, inspector.check_keys(flat, build_model()))
     prefixed_report = inspector.check_keys(demo_dir / "prefixed", build_model())
@@ -89,7 +97,8 @@ def test_nothing_to_apply(demo_dir: Path) -> None:
 
 
 def test_hf_folder_arguments() -> None:
-    options = ExportOptions(out="o", format="hf", hf_assets=" assets ", rename={"a": "b"})
+    options = ExportForm(out="o", format="hf", hf_assets=" assets ")
+    options.rename = {"a": "b"}
     assert options.target() == Path("o")
     assert options.arguments() == {
         "format": "hf",
@@ -102,15 +111,15 @@ def test_hf_folder_arguments() -> None:
         "hf_assets": "assets",
         "hf_config": None,
     }
-    assert ExportOptions(out="o", format="hf", hf_assets="").arguments()["hf_assets"] is None
+    assert ExportForm(out="o", format="hf", hf_assets="").arguments()["hf_assets"] is None
 
 
 def test_workers_above_one_are_passed_on() -> None:
-    assert "workers" not in ExportOptions(out="o").arguments()  # one process: the default
-    assert ExportOptions(out="o", workers=4).arguments()["workers"] == 4
+    assert "workers" not in ExportForm(out="o").arguments()  # one process: the default
+    assert ExportForm(out="o", workers=4).arguments()["workers"] == 4
     with pytest.raises(InspectorError, match="workers must be at least 1"):
-        ExportOptions(out="o", workers=0).arguments()
-    assert "workers" not in ExportOptions(out="o", format="hf", workers=4).arguments()
+        ExportForm(out="o", workers=0).arguments()
+    assert "workers" not in ExportForm(out="o", format="hf", workers=4).arguments()
 
 
 def test_workers_are_suggested_for_large_exports() -> None:
@@ -122,8 +131,8 @@ def test_workers_are_suggested_for_large_exports() -> None:
 
 def test_two_workers_from_the_options_write_what_one_does(demo_dir: Path, tmp_path: Path) -> None:
     ck = inspector.open(demo_dir / "flat")
-    one = ExportOptions(out=str(tmp_path / "one"), dtype="bfloat16").run(ck)
-    two = ExportOptions(out=str(tmp_path / "two"), dtype="bfloat16", workers=2).run(ck)
+    one = ExportForm(out=str(tmp_path / "one"), dtype="bfloat16").run(ck)
+    two = ExportForm(out=str(tmp_path / "two"), dtype="bfloat16", workers=2).run(ck)
     assert one.verification.ok and two.verification.ok
     assert (tmp_path / "one/model.safetensors").read_bytes() == (
         tmp_path / "two/model.safetensors"
@@ -131,14 +140,14 @@ def test_two_workers_from_the_options_write_what_one_does(demo_dir: Path, tmp_pa
 
 
 def test_url_targets_stay_urls() -> None:
-    url = ExportOptions(out="s3://bucket/out/")
+    url = ExportForm(out="s3://bucket/out/")
     assert url.target() == "s3://bucket/out"
     assert url.arguments()["format"] == "safetensors"
-    assert ExportOptions(out="s3://b/x", format="pt").target() == "s3://b/x/model.pt"
+    assert ExportForm(out="s3://b/x", format="pt").target() == "s3://b/x/model.pt"
 
 
 def test_hf_settings_and_arch_auto(demo_dir: Path, tmp_path: Path) -> None:
-    arguments = ExportOptions(
+    arguments = ExportForm(
         out="o", format="hf", arch="llama3", hf_assets=" a/ ", hf_config="c.json"
     ).arguments()
     assert (arguments["arch"], arguments["hf_assets"], arguments["hf_config"]) == (
@@ -146,7 +155,7 @@ def test_hf_settings_and_arch_auto(demo_dir: Path, tmp_path: Path) -> None:
         "a/",
         "c.json",
     )
-    assert ExportOptions(out="o", format="hf").arguments()["hf_config"] is None
+    assert ExportForm(out="o", format="hf").arguments()["hf_config"] is None
     ok, why = options_module.arch_auto(inspector.open(demo_dir / "llama_hf" / "checkpoint"))
     assert ok and why.startswith("llama3: all 21 model weights match its rules in torchtitan 0.3")
     ok, why = options_module.arch_auto(inspector.open(demo_dir / "fp8"), "unwrap")
@@ -158,3 +167,21 @@ def test_hf_settings_and_arch_auto(demo_dir: Path, tmp_path: Path) -> None:
     ok, why = options_module.arch_auto(inspector.open(tmp_path / "hf"))
     assert ok and why.startswith("llama3: all 21 model weights match its rules in HF names")
     assert why.endswith(": names kept")
+
+
+def test_form_defaults_are_the_export_options_defaults() -> None:
+    form = ExportForm(out="o")
+    assert list(form.values) == list(FORM_OPTIONS)
+    assert {k: v for k, v in form.values.items() if k not in FORM_DEFAULTS} == {
+        name: OPTION[name].default for name in FORM_OPTIONS if name not in FORM_DEFAULTS
+    }
+    with pytest.raises(InspectorError, match="the export form has no naming"):
+        ExportForm(out="o", naming="torchtitan")
+
+
+def test_front_ends_spell_the_option_an_error_names(tmp_path: Path) -> None:
+    (tmp_path / "out").write_text("there")
+    error = output_exists(tmp_path / "out")
+    assert str(error).endswith("already exists; pass overwrite=True to replace it")
+    assert error.worded(app_spelling).endswith("pass overwrite existing output to replace it")
+    assert error.worded(lambda name: OPTION[name].flag).endswith("pass --overwrite to replace it")

@@ -469,3 +469,13 @@ def test_ls_gives_a_damaged_key_its_reason_in_an_error_column(truncated) -> None
         assert why and rows[key].rstrip().endswith(why)
     intact = next(k for k in rows if k not in damaged)
     assert damaged and rows[intact].rstrip().endswith(("B", "KB", "MB"))  # no error text
+
+
+def test_export_errors_name_the_flag(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "o")
+    assert main(["export", str(demo_dir / "flat"), out]) == 0
+    assert main(["export", str(demo_dir / "flat"), out]) == 2
+    error = capsys.readouterr().err
+    assert "pass --overwrite to replace it" in error and "overwrite=True" not in error

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 import inspector
 from inspector.demo.model import build_model
+from inspector.exporting.request import OPTION
 from inspector.ui.views.text import human_bytes
 from inspector.ui.widgets import Inspector
 from inspector.ui.widgets.app import TABS
@@ -327,3 +328,39 @@ def test_export_hugging_face_folder_with_assets(demo_dir: Path, tmp_path: Path) 
     ).read_bytes()
     export.format.value = "safetensors"
     assert export.hf_assets.layout.display == "none" and export.flatten.layout.display == ""
+
+
+def test_export_form_fields_come_from_the_shared_options(fp8_app: Inspector) -> None:
+    export = fp8_app.export
+    assert export.fp8.tooltip == OPTION["fp8"].help
+    assert [mode for _, mode in export.fp8.options] == list(OPTION["fp8"].choices)
+    assert (export.fp8.description, export.overwrite.description) == (
+        "FP8 handling",
+        "Overwrite existing output",
+    )
+    assert export.max_shard_size.value == OPTION["max_shard_size"].default
+
+
+def test_fp8_field_only_for_fp8_checkpoints(demo_dir: Path, fp8_app: Inspector) -> None:
+    fp8_app.header.wait()
+    assert fp8_app.export.fp8.layout.display == ""
+    plain = Inspector(demo_dir / "flat")
+    plain.header.wait()
+    assert plain.export.fp8.layout.display == "none"
+    plain.export.preset_fp8("unwrap", "asked for")
+    assert plain.export.fp8.layout.display == "" and plain.export.fp8.value == "unwrap"
+
+
+def test_export_errors_name_the_form_fields(fp8_app: Inspector, tmp_path: Path) -> None:
+    export = fp8_app.export
+    export.out.value = str(tmp_path / "twice")
+    for _ in range(2):
+        export.export_button.click()
+        export.wait()
+    shown = text(export.outcome)
+    assert "pass overwrite existing output to replace it" in shown, shown
+    assert "overwrite=True" not in shown
+    export.workers.value = 1
+    export.max_shard_size.value = "0"
+    export.export_button.click()
+    assert "max shard size: size must be positive" in text(fp8_app.tab_errors["Export"])

@@ -189,6 +189,7 @@ class Inspector(w.VBox):
     def _found(self, findings: Findings) -> None:
         """The header's worker is done: badges in the tree, the quick audit in its tab."""
         self.tree.flags_found(findings.audit)
+        self.export.show_fp8(findings.fp8 is not None and findings.fp8.count > 0)
         if findings.audit is not None:
             self.audit.quick(findings.audit)
 

@@ -10,12 +10,14 @@ from typing import Any
 import ipywidgets as w
 
 from inspector.errors import InspectorError
+from inspector.exporting.options import app_spelling
 
 
 def describe(exc: BaseException) -> str:
-    """An InspectorError's own message (it names file and key), else the type and message."""
+    """An InspectorError's own message (it names file and key, and an option by its form
+    label), else the type and message."""
     if isinstance(exc, InspectorError):
-        return str(exc)
+        return exc.worded(app_spelling)
     message = str(exc).strip() or "no details"
     return f"{type(exc).__name__}: {message}"
 

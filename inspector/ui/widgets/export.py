@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,15 @@ from inspector.checkpoint import Checkpoint
 from inspector.exporting.base import ExportResult, Progress
 from inspector.exporting.fp8 import FP8_MODE_HELP
 from inspector.exporting.hf import ARCHITECTURES
-from inspector.exporting.options import ExportOptions, arch_auto, default_out
-from inspector.exporting.plan import CAST_DTYPES, DEFAULT_SHARD_SIZE, suggested_workers
+from inspector.exporting.options import (
+    FORM_OPTIONS,
+    ExportForm,
+    app_spelling,
+    arch_auto,
+    default_out,
+)
+from inspector.exporting.plan import CAST_DTYPES, suggested_workers
+from inspector.exporting.request import OPTION
 from inspector.ui.views.text import human_bytes
 from inspector.ui.widgets.errors import ErrorBox, error_html
 from inspector.ui.widgets.markup import badge, esc, heading, note, pre, table
@@ -26,6 +33,12 @@ from inspector.ui.widgets.markup import badge, esc, heading, note, pre, table
 UPDATE_EVERY = 0.1
 _WIDE = {"description_width": "120px"}
 FORMATS = ((".safetensors", "safetensors"), (".pt", "pt"), ("Hugging Face folder", "hf"))
+
+
+def labelled(name: str, **style: Any) -> dict[str, Any]:
+    """A form field's description and tooltip, from the shared table of export options."""
+    label = app_spelling(name)
+    return {"description": label[0].upper() + label[1:], "tooltip": OPTION[name].help} | style
 
 
 def result_html(result: ExportResult) -> str:
@@ -60,60 +73,65 @@ class ExportPanel(w.VBox):
         """``tensor_bytes``: the checkpoint's tensors' size (the header has counted it)."""
         self.ck = ck
         self.errors = errors
-        self.options = ExportOptions(
-            out=str(default_out(ck)), workers=suggested_workers(tensor_bytes)
+        self.options = ExportForm(
+            str(default_out(ck)),
+            dict(storage_options) if storage_options else None,
+            workers=suggested_workers(tensor_bytes),
         )
-        self.options.target_options = dict(storage_options) if storage_options else None
         self.thread: threading.Thread | None = None
         self.finished: list[Callable[[], None]] = []  # run after each export, as JobBar's
         self.result: ExportResult | None = None
         self.format = w.ToggleButtons(
-            options=FORMATS, description="Format", style=_WIDE | {"button_width": "160px"}
+            options=FORMATS, **labelled("format", style=_WIDE | {"button_width": "160px"})
         )
         self.hf_assets = w.Text(
-            description="HF assets",
+            **labelled("hf_assets"),
             placeholder="folder with config.json and tokenizer files (optional)",
             layout=w.Layout(width="560px"),
             style=_WIDE,
         )
         self.hf_config = w.Text(
-            description="HF config",
+            **labelled("hf_config"),
             placeholder="config.json to use instead of the assets' (optional)",
             layout=w.Layout(width="560px"),
             style=_WIDE,
         )
         self.arch = w.Dropdown(
             options=[("auto (from the key names)", "auto"), *((a, a) for a in ARCHITECTURES)],
-            description="Architecture",
+            **labelled("arch"),
             layout=w.Layout(width="420px"),
             style=_WIDE,
         )
         self.arch_note = w.HTML()
         self.arch_note.add_class("inspector-arch")
         self.workers = w.BoundedIntText(
-            value=self.options.workers, min=1, max=256, description="Workers", style=_WIDE
+            value=self.options.values["workers"],
+            min=1,
+            max=256,
+            **labelled("workers"),
+            style=_WIDE,
         )
         self.preset = w.HTML()
         self.preset.add_class("inspector-export-preset")
         self.dtype = w.Dropdown(
             options=[("as stored", ""), *((d, d) for d in CAST_DTYPES)],  # None shows blank
-            description="dtype",
+            **labelled("dtype"),
             style=_WIDE,
         )
         self.fp8 = w.Dropdown(
-            options=[(f"{mode}: {text}", mode) for mode, text in FP8_MODE_HELP.items()],
-            description="FP8",
+            options=[(f"{m}: {FP8_MODE_HELP[m]}", m) for m in OPTION["fp8"].choices or ()],
+            **labelled("fp8"),
             layout=w.Layout(width="560px"),
             style=_WIDE,
         )
-        self.model_only = w.Checkbox(value=True, description="model weights only")
+        self.model_only = w.Checkbox(value=True, **labelled("model_only"))
         self.flatten = w.ToggleButtons(
             options=[("flatten", True), ("keep prefix", False)],
-            description="model. prefix",
+            **labelled("flatten"),
             style=_WIDE,
         )
         self.max_shard_size = w.Text(
-            value=DEFAULT_SHARD_SIZE, description="Max shard size", style=_WIDE
+            value=OPTION["max_shard_size"].default, **labelled("max_shard_size"), style=_WIDE
         )
         self.out = w.Text(
             value=self.options.out,
@@ -122,7 +140,7 @@ class ExportPanel(w.VBox):
             layout=w.Layout(width="560px"),
             style=_WIDE,
         )
-        self.overwrite = w.Checkbox(value=False, description="overwrite existing output")
+        self.overwrite = w.Checkbox(value=False, **labelled("overwrite"))
         self.rename = w.HTML()
         self.clear_rename_button = w.Button(description="Clear rename", icon="times")
         self.export_button = w.Button(description="Export", button_style="success", icon="download")
@@ -139,6 +157,7 @@ class ExportPanel(w.VBox):
         self._arch_auto: tuple[bool, str] | None = None
         self._show_rename()
         self._show_format_fields()
+        self.show_fp8(False)  # until the header's scan finds FP8 tensors
         super().__init__(
             [
                 self.preset,
@@ -168,10 +187,16 @@ class ExportPanel(w.VBox):
         self.options.use_rewrite(self.ck, report)
         self._show_rename()
 
+    def show_fp8(self, found: bool) -> None:
+        """The FP8 handling field, shown only for a checkpoint with FP8 tensors (the header's
+        scan says whether it has)."""
+        self.fp8.layout.display = "" if found else "none"
+
     def preset_fp8(self, mode: str, why: str) -> None:
         """Plain safetensors of the model with ``mode`` FP8 handling (the header's finding)."""
         self.format.value = "safetensors"
         self.fp8.value = mode
+        self.show_fp8(True)
         self.model_only.value = True
         self.preset.value = (
             f'<div style="margin-bottom:6px">{badge("preset", "info")} {esc(why)} '
@@ -205,18 +230,15 @@ class ExportPanel(w.VBox):
         else:
             self.arch_note.value = ""
 
-    def _read_form(self) -> ExportOptions:
+    def _read_form(self) -> ExportForm:
+        """The form's fields into the options of the same names (each field is the option's
+        widget, named as the option is)."""
         options = self.options
-        options.format, options.dtype, options.fp8 = (
-            self.format.value,
-            self.dtype.value or None,
-            self.fp8.value,
-        )
-        options.model_only, options.flatten = self.model_only.value, self.flatten.value
-        options.max_shard_size, options.out = self.max_shard_size.value, self.out.value
-        options.overwrite = self.overwrite.value
-        options.hf_assets, options.hf_config = self.hf_assets.value, self.hf_config.value
-        options.arch, options.workers = self.arch.value, self.workers.value
+        options.values |= {
+            name: getattr(self, name).value for name in FORM_OPTIONS if name != "verify"
+        }
+        options.values["dtype"] = options.values["dtype"] or None  # "as stored" is ""
+        options.out = self.out.value
         options.arguments()
         return options
 
@@ -225,7 +247,8 @@ class ExportPanel(w.VBox):
         """Check the settings here, then export in a worker thread."""
         if self.thread is not None and self.thread.is_alive():
             return
-        options = replace(self._read_form())  # the thread's own copy: the form may change
+        options = copy.copy(self._read_form())  # the thread's own copy: the form may change
+        options.values = dict(options.values)
         self.result = None
         self.export_button.disabled = True
         self.progress.value, self.progress.bar_style = 0.0, ""
@@ -239,7 +262,7 @@ class ExportPanel(w.VBox):
         if self.thread is not None:
             self.thread.join(timeout)
 
-    def _run(self, options: ExportOptions) -> None:
+    def _run(self, options: ExportForm) -> None:
         try:
             self.result = options.run(self.ck, self._on_progress)
         except Exception as exc:

@@ -20,6 +20,8 @@ from inspector.formats.base import bytes_view
 from inspector.formats.dcp.writer import Chunk, write_dcp
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from inspector.checkpoint import Checkpoint
     from inspector.exporting.request import ExportRequest
 
@@ -39,21 +41,9 @@ def export_dcp(request: ExportRequest) -> ExportResult:
         Chunk(o.name, weights.item(o), o.offsets or (0,) * len(o.shape), o.full_shape or o.shape)
         for o in found.outputs
     ]
-    total = sum(c.item.nbytes for c in chunks)
-    meter = request.meter(total)
-    try:
-        files = write_dcp(out, chunks, meter, request.overwrite)
-    finally:
-        meter.close()
-        weights.release()
-    verification = None
-    if request.verify:
-        checker = request.meter(total, "verify")
-        try:
-            verification = verify_chunks(out, chunks, checker)
-        finally:
-            checker.close()
-            weights.release()
+    files, verification = write_and_verify(
+        request, weights, chunks, lambda meter: write_dcp(out, chunks, meter, request.overwrite)
+    )
     skipped = {weights.stored(k): why for k, why in found.left_out.items()} | weights.skipped
     conversions: dict[str, str] = {}
     names: dict[str, str] = {}
@@ -69,7 +59,7 @@ def export_dcp(request: ExportRequest) -> ExportResult:
         index=None,
         tensors=len({c.fqn for c in chunks}),
         objects=0,
-        bytes=total,
+        bytes=sum(c.item.nbytes for c in chunks),
         skipped=skipped,
         conversions=conversions,
         names=names,
@@ -79,6 +69,31 @@ def export_dcp(request: ExportRequest) -> ExportResult:
         reason=f"{found.reason}; written in {hf.NAMINGS[naming]}",
         notes=found.notes,
     )
+
+
+def write_and_verify(
+    request: ExportRequest,
+    weights: ModelWeights,
+    chunks: list[Chunk],
+    write: Callable[[Meter], list[Path]],
+) -> tuple[list[Path], Verification | None]:
+    """Write the chunks with ``write`` (its progress metered), then, when the request asks,
+    re-open the folder and compare every chunk; the weights' buffers released after each."""
+    total = sum(c.item.nbytes for c in chunks)
+    meter = request.meter(total)
+    try:
+        files = write(meter)
+    finally:
+        meter.close()
+        weights.release()
+    if not request.verify:
+        return files, None
+    checker = request.meter(total, "verify")
+    try:
+        return files, verify_chunks(request.out, chunks, checker)
+    finally:
+        checker.close()
+        weights.release()
 
 
 def verify_chunks(out: Path, chunks: list[Chunk], progress: Meter) -> Verification:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from inspector import dtypes
 from inspector.errors import UsageError
 from inspector.exporting.base import ExportResult, refuse_inside_source
-from inspector.exporting.dcp_folder import verify_chunks
+from inspector.exporting.dcp_folder import write_and_verify
 from inspector.exporting.model_weights import ModelWeights, load_config, refuse_overlap
 from inspector.formats.dcp.megatron_writer import write_megatron
 from inspector.formats.dcp.writer import Chunk
@@ -52,29 +52,20 @@ def export_megatron(request: ExportRequest) -> ExportResult:
     if dtype:
         args |= {"params_dtype": dtypes.to_torch(dtype), "bf16": dtype == "bfloat16",
                  "fp16": dtype == "float16"}  # fmt: skip
-    total = sum(c.item.nbytes for c in chunks)
-    meter = request.meter(total)
-    try:
-        modules = megatron_gpt.EXTRA_STATE_MODULES
-        files = write_megatron(out, chunks, args, modules, meter, request.overwrite)
-    finally:
-        meter.close()
-        weights.release()
-    verification = None
-    if request.verify:
-        checker = request.meter(total, "verify")
-        try:
-            verification = verify_chunks(out, chunks, checker)
-        finally:
-            checker.close()
-            weights.release()
+    modules = megatron_gpt.EXTRA_STATE_MODULES
+    files, verification = write_and_verify(
+        request,
+        weights,
+        chunks,
+        lambda meter: write_megatron(out, chunks, args, modules, meter, request.overwrite),
+    )
     return ExportResult(
         format="megatron",
         files=files,
         index=None,
         tensors=len({c.fqn for c in chunks}),
         objects=1 + len(megatron_gpt.EXTRA_STATE_MODULES) * args["num_layers"],
-        bytes=total,
+        bytes=sum(c.item.nbytes for c in chunks),
         skipped={weights.stored(k): why for k, why in left_out.items()} | weights.skipped,
         conversions={},
         names={},

@@ -28,6 +28,7 @@ from inspector.formats.dcp import reader
 from inspector.formats.safe_pickle import direct
 from inspector.storage.local import LocalStorage
 from tests.native import boundaries
+from tests.native.drive import opened
 
 DECODER = direct._metadata
 FILES = {"__0_0.distcp": 4096, "__1_0.distcp": 100}
@@ -40,15 +41,6 @@ def unpickled_only() -> Iterator[None]:
         yield
     finally:
         direct._metadata = DECODER
-
-
-def opened(folder: Path) -> Any:
-    """What the DCP reader makes of the folder: its entries and facts, or the error."""
-    try:
-        source = reader.DcpSource(LocalStorage(folder))
-    except InspectorError as exc:
-        return type(exc), str(exc)
-    return source.entries(), source.metadata, source.nesting, source.format
 
 
 def accepted(folder: Path) -> bool:

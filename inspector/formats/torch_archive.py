@@ -147,11 +147,24 @@ class TorchArchive(StoredTensors):
                 file=path,
                 key=key,
             )
-        pickles = [i.filename for i in infos if i.filename.endswith("data.pkl")]
-        top = [p for p in pickles if p.count("/") == 1] or pickles
-        if not top:
-            raise CorruptCheckpointError("torch archive has no data.pkl record", file=path, key=key)
-        self.prefix = top[0][: -len("data.pkl")]
+        # torch.load reads the folder of the archive's first record, and refuses an archive
+        # with any record outside it.
+        first = infos[0].filename if infos else ""
+        folder, slash, _ = first.partition("/")
+        stray = next((i.filename for i in infos if not i.filename.startswith(folder + "/")), None)
+        if not slash or stray is not None:
+            raise CorruptCheckpointError(
+                f"record {stray or first!r} is not in folder {folder + '/'!r} of the archive's "
+                "first record (torch.load refuses such an archive)",
+                file=path,
+                key=key,
+            )
+        self.prefix = folder + "/"
+        if self.prefix + "data.pkl" not in {i.filename for i in infos}:
+            raise CorruptCheckpointError(
+                f"torch archive has no data.pkl record in folder {self.prefix!r}", file=path,
+                key=key,
+            )
         self._infos = {i.filename: i for i in infos}
         # Records sharing a name: torch's reader finds one by binary search over the sorted
         # directory (first or last depending on the other names), zipfile takes the last.
@@ -309,8 +322,9 @@ def _describe(exc: BaseException) -> str:
 
 
 def check_fits(record: Record, ref: TensorRef, *, file: str, key: str | None) -> None:
-    """The tensor's elements must lie inside its storage, and the storage inside its record;
-    and no two may share storage except by repeating along a stride-0 dimension."""
+    """The tensor's elements must lie inside its storage, and the storage fill its record
+    exactly (as torch.load checks); no two elements may share storage except by repeating
+    along a stride-0 dimension."""
     if ref.overlapping:
         raise UnsupportedError(
             f"tensor {list(ref.shape)} with strides {list(ref.stride)} is a view whose "
@@ -319,10 +333,15 @@ def check_fits(record: Record, ref: TensorRef, *, file: str, key: str | None) ->
             key=key,
         )
     storage = ref.storage
-    if storage is None or (
-        ref.storage_offset + ref.extent > storage.numel
-        or storage.numel * dtypes.itemsize(ref.dtype) > record.size
-    ):
+    if storage is not None and storage.numel * dtypes.itemsize(storage.dtype) != record.size:
+        # torch.load refuses a storage whose record holds more or fewer bytes than it claims
+        raise CorruptCheckpointError(
+            f"storage {record.name!r} claims {storage.numel} elements of {storage.dtype} but its "
+            f"record holds {record.size} bytes (torch.load refuses it)",
+            file=file,
+            key=key,
+        )
+    if storage is None or ref.storage_offset + ref.extent > storage.numel:
         raise CorruptCheckpointError(
             f"tensor {list(ref.shape)} at element {ref.storage_offset} does not fit storage "
             f"{record.name!r} ({record.size} bytes)",

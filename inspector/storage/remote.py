@@ -2,12 +2,16 @@
 
 Reads are exact byte ranges: one ranged GET per range, the length of every answer checked
 (a server that ignores Range is an error, never wrong bytes), transient faults (5xx,
-timeouts, truncated bodies) retried with backoff. ``prefetch`` fetches the ranges a read
-is about to need at once, neighbours coalesced, several concurrently. A zip parse through
-``window`` gets the bytes it touches at the start and the end of the window in one request
-each, sized by what earlier windows of the same checkpoint needed; small blocks are kept
-in a small in-memory cache for the checkpoint's life (objects are assumed not to change
-while a checkpoint is open).
+timeouts, truncated bodies) retried with backoff. Every store's ranged GETs go through one
+guarded HTTP GET (``_get_range``: timeouts, a deadline, a cap on the bytes accepted, no
+content encoding); the store's own client only says where the object is (an S3 presigned
+URL, GCS's download URL and auth header, the Hub's resolve URL and token).
+
+``prefetch`` fetches the ranges a read is about to need at once, neighbours coalesced,
+several concurrently. A zip parse through ``window`` gets the bytes it touches at the start
+and the end of the window in one request each, sized by what earlier windows of the same
+checkpoint needed; small blocks are kept in a small in-memory cache for the checkpoint's
+life (objects are assumed not to change while a checkpoint is open).
 
 One filesystem per checkpoint, built from its storage options in each process that uses
 it (s3fs instances are not fork-safe): a storage pickles as its URL and options. The
@@ -68,13 +72,14 @@ BIG_WINDOW_BLOCK = 1 << 12  # what a big window fetches at least at each end (se
 CACHE_BYTES = 1 << 24  # small blocks kept for the checkpoint's life
 RETRIES = 3
 BACKOFF = 0.2  # seconds before the first retry; doubled each time
-# A stalled or trickling server must not hang a read: HTTP(S) requests give up connecting
-# after CONNECT_SECONDS, waiting for the next bytes after IDLE_SECONDS, and in all after
-# REQUEST_SECONDS plus a second per MIN_RATE bytes asked for.
+# A stalled or trickling server must not hang a read: requests give up connecting after
+# CONNECT_SECONDS, waiting for the next bytes after IDLE_SECONDS, and (ranged GETs, and GCS's
+# metadata calls) in all after REQUEST_SECONDS plus a second per MIN_RATE bytes asked for.
 CONNECT_SECONDS = 10.0
 IDLE_SECONDS = 30.0
 REQUEST_SECONDS = 60.0
 MIN_RATE = 1 << 16
+SIGNED_SECONDS = 3600  # how long an S3 presigned URL for one ranged GET stays valid
 # A response may carry at most this many bytes beyond what was asked for (counted as they
 # arrive): a server ignoring Range cannot make a few-KB read allocate the whole object.
 ACCEPT_MARGIN = 1 << 12
@@ -403,14 +408,12 @@ class RemoteStorage:
         shared = self._shared
         label = self._label(path)
         what = f"reading bytes {start}..{end}"
-        extra = {"cache_type": "none"} if shared.protocol == "hf" else {}
         for attempt in range(shared.retries + 1):
             last = attempt == shared.retries
-            if self._is_http:
-                data = self._call(lambda fs: _http_range(fs, path, start, end, label), label, what)
-            else:
-                data = self._call(lambda fs: fs.cat_file(path, start=start, end=end, **extra),
-                                  label, what)
+            data = self._call(
+                lambda fs: _http_range(shared.getter, *_address(shared.protocol, fs, path),
+                                       start, end, label),
+                label, what)
             if len(data) == end - start:
                 return data
             if len(data) > end - start:
@@ -492,6 +495,7 @@ class _Shared:
         self.lock = threading.RLock()
         self.pid = os.getpid()
         self._fs: Any = None
+        self._getter: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self.infos: dict[str, tuple[Kind, int | None] | None] = {}
         self.listings: dict[str, dict[str, tuple[Kind, int | None]]] = {}
@@ -519,12 +523,24 @@ class _Shared:
         """This process's filesystem (a forked child builds its own: s3fs is not fork-safe)."""
         if self.pid != os.getpid():
             self.lock = threading.RLock()
-            self.pid, self._fs, self._pool = os.getpid(), None, None
+            self.pid, self._fs, self._getter, self._pool = os.getpid(), None, None, None
         if self._fs is None:
             with self.lock:
                 if self._fs is None:
                     self._fs = _filesystem(self.protocol, self.options)
         return self._fs
+
+    @property
+    def getter(self) -> Any:
+        """This process's HTTP client for ranged GETs: the filesystem itself over HTTP(S),
+        else fsspec's HTTP filesystem (with our timeouts) on the URLs the store's client gives."""
+        if self.protocol in ("http", "https"):
+            return self.fs
+        self.fs  # noqa: B018 (resets the getter in a forked child)
+        with self.lock:
+            if self._getter is None:
+                self._getter = _filesystem("https", {"encoded": True})
+            return self._getter
 
     def pool(self) -> ThreadPoolExecutor:
         from concurrent.futures import ThreadPoolExecutor
@@ -660,14 +676,13 @@ def _map(shared: _Shared, fn: Callable[[Any], T], items: Sequence[Any]) -> list[
 
 
 def _filesystem(protocol: str, options: dict[str, Any]) -> Any:
-    """A new fsspec filesystem (never fsspec's shared instance: one per checkpoint); over
-    HTTP(S) with connect and idle-read timeouts unless the options set their own."""
+    """A new fsspec filesystem (never fsspec's shared instance: one per checkpoint), with
+    our timeouts unless the options set their own."""
     extra = "pip install 'checkpoint-inspector[remote]'"
     try:
         import fsspec
 
-        if protocol in ("http", "https"):
-            options = _with_timeouts(options)
+        options = _with_timeouts(protocol, options)
         return fsspec.filesystem(protocol, skip_instance_cache=True, **options)
     except ImportError as exc:
         raise UsageError(f"{protocol}:// needs {exc.name or 'fsspec'}: {extra}") from None
@@ -675,32 +690,60 @@ def _filesystem(protocol: str, options: dict[str, Any]) -> Any:
         raise UsageError(f"storage_options not accepted by {protocol}:// ({exc})") from None
 
 
-def _with_timeouts(options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with aiohttp's connect and idle-read timeouts set where they are not."""
-    import aiohttp
+def _with_timeouts(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with connect and idle-read timeouts where they set none: aiohttp's over
+    HTTP(S), botocore's for S3, a whole-request limit for GCS (its client sets one per call,
+    overriding its session's). The Hub's client has its own (10 s); ranged GETs of every
+    store go through our HTTP(S) client."""
+    if protocol in ("http", "https"):
+        import aiohttp
 
-    client = dict(options.get("client_kwargs") or {})
-    client.setdefault(
-        "timeout", aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=IDLE_SECONDS)
-    )
-    return {**options, "client_kwargs": client}
+        client = dict(options.get("client_kwargs") or {})
+        client.setdefault(
+            "timeout", aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=IDLE_SECONDS)
+        )
+        return {**options, "client_kwargs": client}
+    if protocol == "s3":
+        config = {"connect_timeout": CONNECT_SECONDS, "read_timeout": IDLE_SECONDS,
+                  **(options.get("config_kwargs") or {})}
+        return {**options, "config_kwargs": config}
+    if protocol == "gs":
+        return {"requests_timeout": REQUEST_SECONDS, **options}
+    return options
 
 
-def _http_range(fs: Any, url: str, start: int, end: int, label: str) -> bytes:
+def _address(protocol: str, fs: Any, path: str) -> tuple[str, dict[str, str]]:
+    """The URL and headers of a plain HTTP GET of the object at ``path``, from the store's
+    own client (nothing is fetched: an S3 URL is presigned locally, the Hub's is built from
+    its resolved revision)."""
+    if protocol in ("http", "https"):
+        return path, {}
+    if protocol == "s3":
+        return fs.url(path, expires=SIGNED_SECONDS), {}
+    if protocol == "gs":
+        return fs.url(path), fs._get_headers(None)
+    from huggingface_hub.utils import build_hf_headers
+
+    return fs.url(path), build_hf_headers(token=fs.token)
+
+
+def _http_range(fs: Any, url: str, headers: dict[str, str], start: int, end: int,
+                label: str) -> bytes:
     """Bytes ``[start, end)`` of ``url`` in one GET, never accepting more than asked for
     plus ``ACCEPT_MARGIN`` (counted as they arrive, nothing decompressed) nor taking longer
     than the request's deadline."""
     from fsspec.asyn import sync
 
-    return sync(fs.loop, _get_range, fs, url, start, end, label)
+    return sync(fs.loop, _get_range, fs, url, headers, start, end, label)
 
 
-async def _get_range(fs: Any, url: str, start: int, end: int, label: str) -> bytes:
+async def _get_range(fs: Any, url: str, extra: dict[str, str], start: int, end: int,
+                     label: str) -> bytes:
     wanted, cap = end - start, end - start + ACCEPT_MARGIN
     deadline = time.monotonic() + REQUEST_SECONDS + wanted / MIN_RATE
     options = dict(fs.kwargs)
-    headers = {**(options.pop("headers", None) or {}), "Range": f"bytes={start}-{end - 1}",
-               "Accept-Encoding": "identity"}
+    headers = {**(options.pop("headers", None) or {}), **extra,
+               "Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
     session = await fs.set_session()
     async with session.get(fs.encode_url(url), headers=headers, auto_decompress=False,
                            **options) as response:

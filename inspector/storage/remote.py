@@ -121,15 +121,16 @@ class RemoteStorage:
 
     ``storage_options`` are fsspec's (endpoint_url, key, secret, token, anon, ...), as
     pandas and datasets take them; ``retries`` and ``backoff`` govern our own retries of
-    transient faults (clients such as s3fs also retry inside)."""
+    transient faults (clients such as s3fs also retry inside; None: ``RETRIES`` and
+    ``BACKOFF``)."""
 
     def __init__(
         self,
         url: str,
         storage_options: Mapping[str, Any] | None = None,
         *,
-        retries: int = RETRIES,
-        backoff: float = BACKOFF,
+        retries: int | None = None,
+        backoff: float | None = None,
     ) -> None:
         if not is_url(url):
             raise UsageError(f"not a URL this package reads: {display_url(str(url))!r} "
@@ -144,7 +145,9 @@ class RemoteStorage:
             base = urlunsplit((scheme, parts.netloc, path, "", ""))
         else:
             base = f"{parts.netloc}{path}".strip("/")
-        shared = _Shared(protocol, dict(storage_options or {}), retries, backoff)
+        shared = _Shared(protocol, dict(storage_options or {}),
+                         RETRIES if retries is None else retries,
+                         BACKOFF if backoff is None else backoff)
         self._setup(shared, base, display_url(url).rstrip("/"), parts.query)
         # A web server may answer a folder URL with 404 (no index page): a trailing slash
         # says it is a folder all the same.
@@ -682,12 +685,15 @@ def _filesystem(protocol: str, options: dict[str, Any]) -> Any:
     try:
         import fsspec
 
-        options = _with_timeouts(protocol, options)
-        return fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+        fs = fsspec.filesystem(protocol, skip_instance_cache=True,
+                               **_with_timeouts(protocol, options))
     except ImportError as exc:
         raise UsageError(f"{protocol}:// needs {exc.name or 'fsspec'}: {extra}") from None
     except TypeError as exc:  # an unknown option: its name is in the message, no values
         raise UsageError(f"storage_options not accepted by {protocol}:// ({exc})") from None
+    if protocol == "s3":
+        fs.retries = 1  # s3fs's own retries (a class attribute, no option) off: see above
+    return fs
 
 
 def _with_timeouts(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -704,8 +710,10 @@ def _with_timeouts(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         )
         return {**options, "client_kwargs": client}
     if protocol == "s3":
+        # one attempt per call in botocore and s3fs: ours (``_call``) retry transient faults,
+        # so a stalled server costs RETRIES+1 timeouts, not 5 x 5 x ours
         config = {"connect_timeout": CONNECT_SECONDS, "read_timeout": IDLE_SECONDS,
-                  **(options.get("config_kwargs") or {})}
+                  "retries": {"total_max_attempts": 1}, **(options.get("config_kwargs") or {})}
         return {**options, "config_kwargs": config}
     if protocol == "gs":
         return {"requests_timeout": REQUEST_SECONDS, **options}

@@ -1,9 +1,11 @@
-"""Class 4, the network: real aiohttp servers on 127.0.0.1 that answer a checkpoint's HEAD
-truthfully and then misbehave on its ranged GETs: stall (headers never come, or the body
-stops), trickle a byte at a time, ignore Range and send a 2 GiB body (announced or chunked),
-or gzip/deflate-bomb the answer. ``inspector.open`` must end, within the timeouts, in a
-``StorageAccessError`` naming the URL without the credentials it was given, having held
-no more than a few MB of what the server sent."""
+"""Class 4, the network: real aiohttp servers on 127.0.0.1 that answer a checkpoint's
+metadata truthfully and then misbehave on its ranged GETs: stall (headers never come, or
+the body stops), trickle a byte at a time, ignore Range and send a 2 GiB body (announced or
+chunked), or gzip/deflate-bomb the answer. The server stands in for a plain web server, for
+S3 (its HEAD), for GCS (its JSON object metadata and listing) or for the Hugging Face Hub
+(the test Hub stub, with its file downloads replaced). ``inspector.open`` must end, within
+the timeouts, in a ``StorageAccessError`` naming the URL without the credentials it was
+given, having held no more than a few MB of what the server sent."""
 
 from __future__ import annotations
 
@@ -35,17 +37,20 @@ def _bomb(encoding: str) -> bytes:
     return member * (BOMB >> 26) if encoding == "gzip" else member
 
 
-def _app(genuine: bytes, behaviour: str):
+def _app(genuine: bytes, behaviour: str, store: str, tmp: Path):
     from aiohttp import web
 
     bomb = _bomb(behaviour.split("-")[0]) if behaviour.endswith("-bomb") else b""
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        if request.method == "HEAD":
+        if request.method == "HEAD" or request.path.startswith("/storage/v1/"):
             if behaviour == "stall-head":
                 await asyncio.sleep(3600)
+            if store == "gs":
+                return web.json_response(_gcs_metadata(request, len(genuine)))
             return web.Response(headers={"Content-Length": str(len(genuine)),
-                                         "Accept-Ranges": "bytes"})
+                                         "Accept-Ranges": "bytes", "ETag": '"e"',
+                                         "Last-Modified": "Thu, 03 Dec 2026 00:00:00 GMT"})
         if behaviour.startswith("stall"):
             await asyncio.sleep(3600)
         if behaviour.endswith("-bomb"):
@@ -67,9 +72,40 @@ def _app(genuine: bytes, behaviour: str):
             await response.write(block)
         return response
 
+    if store == "hf":
+        return _hub(handle, genuine, tmp)
     app = web.Application()
     app.router.add_route("*", "/{name:.*}", handle)
     return app
+
+
+def _gcs_metadata(request, size: int) -> dict[str, Any]:
+    """GCS's JSON API: the object, or a listing holding it."""
+    item = {"kind": "storage#object", "bucket": "bucket", "name": "ckpt/model.safetensors",
+            "size": str(size), "generation": "1", "updated": "2026-12-03T00:00:00.000Z"}
+    if request.path.endswith("/o"):
+        prefix = request.query.get("prefix", "")
+        return {"kind": "storage#objects",
+                "items": [item] if item["name"].startswith(prefix) else []}
+    return item
+
+
+def _hub(handle, genuine: bytes, tmp: Path):
+    """The Hub stub serving repo ``org/ckpt``; its downloads (GET) answered by ``handle``."""
+    from tests.fixtures.hub_stub import HubStub
+
+    folder = tmp / "hub"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(genuine)
+    stub = HubStub()
+    stub.add("org/ckpt", folder)
+    truthful = stub.resolve
+
+    async def resolve(request):
+        return await (truthful if request.method == "HEAD" else handle)(request)
+
+    stub.resolve = resolve  # type: ignore[method-assign]
+    return stub.app()
 
 
 def run(args: dict[str, Any], report: Report) -> None:
@@ -82,17 +118,18 @@ def run(args: dict[str, Any], report: Report) -> None:
     from tests.fixtures.proxy import LoopThread, serve
 
     remote.IDLE_SECONDS, remote.REQUEST_SECONDS, remote.CONNECT_SECONDS = 0.5, 1.0, 1.0
+    remote.RETRIES, remote.BACKOFF = 1, 0.05
     tmp = Path(args["tmp"])
     save_file({"w": torch.arange(64.0)}, str(tmp / "model.safetensors"))
-    behaviour = args["behaviour"]
+    behaviour, store = args["behaviour"], args["store"]
     loop = LoopThread("hostile-server")
-    _, base = loop.run(serve(_app((tmp / "model.safetensors").read_bytes(), behaviour)))
-    url = base.replace("http://", f"http://reader:{SECRET}@") + "/ckpt/model.safetensors"
-    shown = base + "/ckpt"
+    genuine = (tmp / "model.safetensors").read_bytes()
+    _, base = loop.run(serve(_app(genuine, behaviour, store, tmp)))
+    url, options, shown = _address(store, base)
     before = _peak_rss()
     began = time.perf_counter()
     try:
-        inspector.open(url)
+        inspector.open(url, options)
     except StorageAccessError as exc:
         error = exc
     else:
@@ -108,20 +145,47 @@ def run(args: dict[str, Any], report: Report) -> None:
     assert growth < GROWTH, f"{growth >> 20} MB more resident while refusing"
 
 
-_BEHAVIOURS = {  # behaviour: (what the error says, seconds it may take to give up)
-    "stall-head": ("timed out", 12.0),
-    "stall": ("timed out", 12.0),
-    "stall-body": ("timed out", 12.0),
-    "trickle": ("too slow", 12.0),
-    "ignore-range": ("ignored the Range request", 12.0),
-    "ignore-range-chunked": ("ignored the Range request", 12.0),
-    "gzip-bomb": ("Content-Encoding", 12.0),
-    "deflate-bomb": ("Content-Encoding", 12.0),
+def _address(store: str, base: str) -> tuple[str, dict[str, Any], str]:
+    """The URL to open on the server at ``base``, its storage options (with a secret), and
+    the location errors must name."""
+    if store == "http":
+        url = base.replace("http://", f"http://reader:{SECRET}@") + "/ckpt/model.safetensors"
+        return url, {}, base + "/ckpt"
+    if store == "s3":
+        return ("s3://bucket/ckpt/model.safetensors",
+                {"endpoint_url": base, "key": "AKIAREADER", "secret": SECRET},
+                "s3://bucket/ckpt")
+    if store == "gs":
+        return ("gs://bucket/ckpt/model.safetensors",
+                {"endpoint_url": base, "token": "anon", "project": SECRET}, "gs://bucket/ckpt")
+    return ("hf://org/ckpt/model.safetensors", {"endpoint": base, "token": f"hf_{SECRET}"},
+            "hf://org/ckpt")
+
+
+_BEHAVIOURS = {  # behaviour: what the error says (given up within 12 s)
+    "stall-head": "timed out",
+    "stall": "timed out",
+    "stall-body": "timed out",
+    "trickle": "too slow",
+    "ignore-range": "ignored the Range request",
+    "ignore-range-chunked": "ignored the Range request",
+    "gzip-bomb": "Content-Encoding",
+    "deflate-bomb": "Content-Encoding",
+}
+# Every behaviour over plain HTTP; over the object stores, those their own clients would
+# have let through (each store's ranged GETs go through the one guarded GET).
+_STORES = {
+    "http": list(_BEHAVIOURS),
+    "s3": ["stall-head", "stall", "trickle", "ignore-range", "gzip-bomb"],
+    "gs": ["stall-head", "stall-body", "ignore-range-chunked", "gzip-bomb"],
+    "hf": ["stall", "trickle", "ignore-range", "deflate-bomb"],
 }
 CASES = {
-    f"network:{name}": TrustCase(
-        "tests.hostile.network:run", {"behaviour": name, "says": says, "seconds": seconds},
+    f"network:{name}" if store == "http" else f"network:{store}:{name}": TrustCase(
+        "tests.hostile.network:run",
+        {"behaviour": name, "store": store, "says": _BEHAVIOURS[name], "seconds": 12.0},
         seconds=90,
     )
-    for name, (says, seconds) in _BEHAVIOURS.items()
+    for store, names in _STORES.items()
+    for name in names
 }

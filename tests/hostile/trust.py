@@ -33,9 +33,12 @@ def prepare(setup: dict[str, Any]) -> None:
 
     import aiohttp  # noqa: F401
     import fsspec.implementations.http  # noqa: F401
+    import gcsfs  # noqa: F401
+    import huggingface_hub.hf_file_system  # noqa: F401
     import matplotlib
     import numpy
     import pandas  # noqa: F401
+    import s3fs  # noqa: F401
     import safetensors.torch  # noqa: F401
     import torch
     import tqdm.auto  # noqa: F401

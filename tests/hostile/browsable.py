@@ -1,8 +1,9 @@
 """Class 6, the rest stays browsable (and class 5, agreement with torch): a real torch.save
-file whose pickle or archive is damaged for ONE tensor (offset past its storage, absurd or
-negative sizes, a stride list of the wrong length, state given to the tensor, a compressed
-storage record), or made ambiguous (two records with one name, one storage under two
-dtypes). Exactly the damaged key is marked (``entry.error``); every other key reads equal
+file whose pickle or archive is damaged for ONE tensor (offset past its storage or
+negative, absurd or negative sizes, a negative stride or a stride list of the wrong length,
+state given to the tensor, a compressed or missing storage record), or made ambiguous (two
+records with one name, one storage under two dtypes or sizes, records that overlap, records
+outside the first record's folder). Exactly the damaged key is marked (``entry.error``); every other key reads equal
 to what was saved; where torch.load(weights_only=True) loads the file, every key that is
 not marked reads exactly as torch reads it."""
 
@@ -66,6 +67,12 @@ DAMAGE = {  # name: (archive change, key marked, what its error says, torch load
     "compressed-record": (
         lambda n, d: [(n, d, zipfile.ZIP_DEFLATED if n.endswith("/data/1") else 0)],
         "b", "compressed"),
+    "missing-record": (lambda n, d: [] if n.endswith("/data/1") else [(n, d, 0)], "b",
+                       "lacks storage record"),
+    "negative-offset": (
+        _in_pickle(A_ARGS, b"J\xff\xff\xff\xffK\x04\x85q\x08K\x01\x85q\t"), "a", "offset"),
+    "negative-stride": (
+        _in_pickle(A_ARGS, b"K\x00K\x04\x85q\x08J\xff\xff\xff\xff\x85q\t"), "a", "stride"),
 }
 
 

@@ -3,9 +3,9 @@ file whose pickle or archive is damaged for ONE tensor (offset past its storage 
 negative, absurd or negative sizes, a negative stride or a stride list of the wrong length,
 state given to the tensor, a compressed or missing storage record), or made ambiguous (two
 records with one name, one storage under two dtypes or sizes, records that overlap, records
-outside the first record's folder). Exactly the damaged key is marked (``entry.error``); every other key reads equal
-to what was saved; where torch.load(weights_only=True) loads the file, every key that is
-not marked reads exactly as torch reads it."""
+outside the first record's folder). Exactly the damaged key is marked (``entry.error``);
+every other key reads equal to what was saved; where torch.load(weights_only=True) loads
+the file, every key that is not marked reads exactly as torch reads it."""
 
 from __future__ import annotations
 

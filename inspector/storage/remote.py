@@ -73,8 +73,8 @@ CACHE_BYTES = 1 << 24  # small blocks kept for the checkpoint's life
 RETRIES = 3
 BACKOFF = 0.2  # seconds before the first retry; doubled each time
 # A stalled or trickling server must not hang a read: requests give up connecting after
-# CONNECT_SECONDS, waiting for the next bytes after IDLE_SECONDS, and (ranged GETs, and GCS's
-# metadata calls) in all after REQUEST_SECONDS plus a second per MIN_RATE bytes asked for.
+# CONNECT_SECONDS, waiting for the next bytes after IDLE_SECONDS, and (ranged GETs) in all
+# after REQUEST_SECONDS plus a second per MIN_RATE bytes asked for.
 CONNECT_SECONDS = 10.0
 IDLE_SECONDS = 30.0
 REQUEST_SECONDS = 60.0
@@ -697,17 +697,20 @@ def _filesystem(protocol: str, options: dict[str, Any]) -> Any:
 
 
 def _with_timeouts(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with connect and idle-read timeouts where they set none: aiohttp's over
-    HTTP(S), botocore's for S3, a whole-request limit for GCS (its client sets one per call,
-    overriding its session's). The Hub's client has its own (10 s); ranged GETs of every
-    store go through our HTTP(S) client."""
-    if protocol in ("http", "https"):
+    """``options`` with timeouts where they set none: aiohttp's connect and idle-read ones
+    over HTTP(S), botocore's for S3, a connect and a whole-call one for GCS (its client
+    passes its own to every call, overriding its session's; an upload part, 50 MiB, must
+    arrive within it). The Hub's client has its own (10 s); ranged GETs of every store go
+    through our HTTP(S) client."""
+    if protocol in ("http", "https", "gs"):
         import aiohttp
 
+        if protocol == "gs":  # gcsfs retries a sock_read timeout 6 times, a whole-call one not
+            whole = aiohttp.ClientTimeout(total=REQUEST_SECONDS, sock_connect=CONNECT_SECONDS)
+            return {"requests_timeout": whole, **options}
+        timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=IDLE_SECONDS)
         client = dict(options.get("client_kwargs") or {})
-        client.setdefault(
-            "timeout", aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=IDLE_SECONDS)
-        )
+        client.setdefault("timeout", timeout)
         return {**options, "client_kwargs": client}
     if protocol == "s3":
         # one attempt per call in botocore and s3fs: ours (``_call``) retry transient faults,
@@ -715,8 +718,6 @@ def _with_timeouts(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         config = {"connect_timeout": CONNECT_SECONDS, "read_timeout": IDLE_SECONDS,
                   "retries": {"total_max_attempts": 1}, **(options.get("config_kwargs") or {})}
         return {**options, "config_kwargs": config}
-    if protocol == "gs":
-        return {"requests_timeout": REQUEST_SECONDS, **options}
     return options
 
 

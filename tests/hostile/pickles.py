@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from inspector.errors import UnsafeCheckpointError
+from inspector.errors import CorruptCheckpointError, UnsafeCheckpointError
 from tests.fixtures.damage import append_item, dcp_metadata, write_dcp_metadata
 from tests.hostile.case import Case, Generator, Genuine
 
@@ -121,7 +121,9 @@ def _in_extra_records(genuine: Genuine, tmp: Path, payload: Payload) -> Case:
 
 
 def _shadow_archive(genuine: Genuine, tmp: Path, payload: Payload) -> Case:
-    """A payload ``data.pkl`` in a second archive folder placed before the genuine one."""
+    """A payload ``data.pkl`` in a second archive folder placed before the genuine one:
+    torch.load refuses records outside the first record's folder, and so is the file, before
+    any pickle is read."""
     path = tmp / genuine.pt.name
     tmp.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(genuine.pt) as src, zipfile.ZipFile(path, "w") as dst:
@@ -129,7 +131,8 @@ def _shadow_archive(genuine: Genuine, tmp: Path, payload: Payload) -> Case:
         dst.writestr("shadow/byteorder", "little")
         for info in src.infolist():
             dst.writestr(info, src.read(info))
-    return Case(path, path.name, refused=True, error=UnsafeCheckpointError)
+    return Case(path, path.name, refused=True, error=CorruptCheckpointError,
+                says="torch.load refuses")
 
 
 LOCATIONS: dict[str, Callable[[Genuine, Path, Payload], Case]] = {
@@ -145,7 +148,7 @@ LOCATIONS: dict[str, Callable[[Genuine, Path, Payload], Case]] = {
 def _case(location: str, payload: str, genuine: Genuine, tmp: Path) -> Case:
     marker, victim = arm(tmp / "target")
     case = LOCATIONS[location](genuine, tmp / "checkpoint", payloads(marker)[payload])
-    says = None if case.file is None else "nothing was executed"
+    says = None if case.file is None else case.says or "nothing was executed"
     return dataclasses.replace(case, marker=marker, victim=victim, says=says)
 
 

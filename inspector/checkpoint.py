@@ -247,6 +247,12 @@ class Checkpoint:
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise MissingKeyError(f"no such key{hint}", file=self.location, key=key) from None
 
+    def stored_entry(self, key: str) -> Entry:
+        """The entry as the checkpoint stores it: ``entry(key)`` except for a logical weight
+        stored under its own key (a compressed-tensors float8 ``weight``), whose raw record
+        this is; a logical weight with no stored tensor of its own is refused."""
+        return self._readable_stored(key) if key in self.logical else self.entry(key)
+
     def facts(self, key: str) -> Facts:
         """Subclass and FP8 facts known so far (``scan`` finds subclasses), and the error."""
         entry = self.entry(key)
@@ -293,7 +299,7 @@ class Checkpoint:
     def detection(self, key: str) -> Detection:
         """What ``key``'s chunks hold (plain, FP8 wrapper, quantized payload, unknown
         subclass), scanned on first use."""
-        entry = self.entry(key)
+        self.entry(key)  # an unknown key: MissingKeyError
         if key not in self._detections:
             stored = self._stored.get(key)
             self._detections[key] = detect(self.source, stored) if stored else PLAIN

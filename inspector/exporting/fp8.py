@@ -110,6 +110,8 @@ def plan_fp8(
                 skipped[key] = f"part of {weight.key}, dequantized into it"
             continue
         entry = ck.entry(key)
+        if entry.kind == "tensor" and key in ck.logical and key in ck.logical[key].parts.values():
+            entry = ck.stored_entry(key)  # the raw part, kept as stored
         if entry.kind != "tensor":
             skipped[key] = "not a tensor"
         elif key in ck.logical and key not in ck.logical[key].parts.values():

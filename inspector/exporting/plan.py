@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     import torch
 
     from inspector.checkpoint import Checkpoint
-    from inspector.entry import Entry
 
 EXPORT_FORMATS = ("safetensors", "pt", "hf", "dcp", "megatron")
 MODEL_FOLDER_FORMATS = ("hf", "dcp", "megatron")  # whole models under another family's names

@@ -187,7 +187,8 @@ def small_ints(source: Source, entry: Entry) -> tuple[int, ...] | None:
         return None
     count = entry.shape[0]
     where = source.chunk_bytes(entry, 0)
-    if not 0 < count <= _MAX_SMALL or where is None or where.length != count * (4 if code == "i" else 8):
+    size = count * struct.calcsize("<" + code)
+    if not 0 < count <= _MAX_SMALL or where is None or where.length != size:
         return None
     try:
         data = where.storage.read(where.name, where.offset, where.length)

@@ -256,7 +256,9 @@ def test_logical_weights_in_fingerprint_diff_and_exports(ct_folders, tmp_path: P
     out = tmp_path / "dequantized"
     inspector.export(ck, out / "model.safetensors", format="safetensors")
     plain = inspector.open(out / "model.safetensors")
-    assert sorted(plain.keys()) == sorted([*expected["w4a16"], "model.norm.weight", "lm_head.weight"])
+    assert sorted(plain.keys()) == sorted(
+        [*expected["w4a16"], "model.norm.weight", "lm_head.weight"]
+    )
     assert inspector.fingerprint(ck).digest == inspector.fingerprint(plain).digest
     table = inspector.diff(ck, plain, progress=False).set_index("key")
     for key in expected["w4a16"]:
@@ -267,20 +269,25 @@ def test_logical_weights_in_fingerprint_diff_and_exports(ct_folders, tmp_path: P
     loaded = torch.load(pt, weights_only=True)
     for key, want in expected["w4a16"].items():
         assert same_bits(loaded[key], want.float())
-    kept = tmp_path / "kept.safetensors"
-    inspector.export(ck, kept, format="safetensors", fp8="unwrap")
-    assert sorted(load_file(kept)) == sorted(load_file(root / "w4a16" / "model.safetensors"))
+    for name in ("w4a16", "fp8_channel"):  # as stored: the parts, the float8 weights
+        kept = tmp_path / f"{name}.safetensors"
+        inspector.export(root / name, kept, format="safetensors", fp8="unwrap")
+        stored, written = load_file(root / name / "model.safetensors"), load_file(kept)
+        assert sorted(written) == sorted(stored)
+        assert all(same_bits(written[k], v) for k, v in stored.items()), name
 
 
 def test_bad_parts_leave_the_rest_browsable(ct_folders, tmp_path: Path) -> None:
     root, expected = ct_folders
     key, down = f"{Q_PROJ}.weight", "model.layers.0.mlp.down_proj.weight"
-    folder = _damage(root / "nvfp4", tmp_path / "nvfp4", f"{Q_PROJ}.weight_scale", torch.ones(5))
+    scale = f"{Q_PROJ}.weight_scale"
+    folder = _damage(root / "nvfp4", tmp_path / "nvfp4", scale, torch.ones(5))
     ck = inspector.open(folder)
     assert ck.entry(key).shape == (ctf.ROWS, ctf.COLS) and len(ck.table()) == len(ck.keys())
     with pytest.raises(
         inspector.CorruptCheckpointError,
-        match=r"q_proj\.weight.*nvfp4-pack-quantized float4 tensor-group 16: scale of shape \[5\]",
+        match=r"q_proj\.weight.*nvfp4-pack-quantized float4 tensor-group 16: "
+        r"scale of shape \[5\]",
     ):
         ck.read(key)
     assert "scale of shape [5]" in ck.facts(key).error
@@ -305,20 +312,25 @@ def test_bad_parts_leave_the_rest_browsable(ct_folders, tmp_path: Path) -> None:
     ck = inspector.open(unknown)
     assert "unknown quantization scheme 'marlin-24" in ck.facts(key).error
     assert ck.facts(key).scheme.startswith("marlin-24 int4")
-    with pytest.raises(inspector.ExportError, match=r"_proj\.weight'.*unknown quantization scheme 'marlin-24"):
+    refused = r"_proj\.weight'.*unknown quantization scheme 'marlin-24"
+    with pytest.raises(inspector.ExportError, match=refused):
         inspector.export(ck, tmp_path / "refused.safetensors", format="safetensors")
 
 
 def test_gpt_oss_mxfp4_bad_scales(tmp_path: Path) -> None:
     blocks = torch.zeros(2, 8, 3, 16, dtype=torch.uint8)
     save_file(
-        {"experts.down_proj_blocks": blocks, "experts.down_proj_scales": torch.zeros(2, 8, 2, dtype=torch.uint8)},
+        {
+            "experts.down_proj_blocks": blocks,
+            "experts.down_proj_scales": torch.zeros(2, 8, 2, dtype=torch.uint8),
+        },
         tmp_path / "model.safetensors",
     )
     config = {"model_type": "gpt_oss", "quantization_config": {"quant_method": "mxfp4"}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     ck = inspector.open(tmp_path)
-    assert ck.keys() == ["experts.down_proj", "experts.down_proj_blocks", "experts.down_proj_scales"]
+    parts = ["experts.down_proj_blocks", "experts.down_proj_scales"]
+    assert ck.keys() == ["experts.down_proj", *parts]
     with pytest.raises(
         inspector.CorruptCheckpointError, match=r"experts\.down_proj\b.*mxfp4.*do not pair"
     ):

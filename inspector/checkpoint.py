@@ -197,10 +197,18 @@ class Checkpoint:
 
     def sizes(self) -> list[tuple[str, int, int]]:
         """(dtype, or "object" / "unknown"; numel; nbytes) of each entry in ``entries()``
-        order: what totals count, worked out once (the header and the tree both use it)."""
+        order: what totals count, worked out once (the header and the tree both use it).
+        Bytes are stored bytes: a logical weight stored as parts counts none of its own, one
+        stored under its own key counts its stored record."""
         if self._sizes is None:
             with paused_gc():
-                self._sizes = sizes_of(self._entries.values())
+                sizes = sizes_of(self._stored.get(key, e) for key, e in self._entries.items())
+                if len(self._entries) != len(self._stored):
+                    sizes = [
+                        (name, numel, 0 if key not in self._stored else nbytes)
+                        for key, (name, numel, nbytes) in zip(self._entries, sizes, strict=True)
+                    ]
+                self._sizes = sizes
         return self._sizes
 
     def audit(self, checksums: bool = True, values: bool = False) -> AuditReport:

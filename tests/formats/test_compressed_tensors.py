@@ -245,6 +245,8 @@ def test_logical_weights_listed_as_entries(ct_folders) -> None:
             leaf = ck.tree().find(key)
             assert leaf.is_leaf and leaf.entry == entry
         assert ck.facts("lm_head.weight").scheme is None
+        stored = load_file(root / name / "model.safetensors")
+        assert sum(nbytes for _, _, nbytes in ck.sizes()) == sum(t.nbytes for t in stored.values())
     ck = inspector.open(root / "w4a16_asym")
     with pytest.raises(inspector.InspectorError, match=r"q_proj\.weight.*no stored tensor"):
         ck.read_stored(f"{Q_PROJ}.weight")

@@ -178,6 +178,12 @@ def test_gpt_oss_mxfp4_like_transformers(tmp_path: Path) -> None:
     key = prefix + "gate_up_proj"
     assert list(ck.logical) == [key]
     assert ck.logical[key].shape == (experts, cols, rows)
+    assert (ck.entry(key).dtype, ck.entry(key).shape) == ("bfloat16", (experts, cols, rows))
+    assert ck.keys().index(key) + 1 == ck.keys().index(prefix + "gate_up_proj_blocks")
+    assert ck.facts(key).scheme == "mxfp4 e2m1 + e8m0 scale per 32 (gpt-oss)"
+    assert inspector.stats(ck, key).max == pytest.approx(
+        convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16).float().max().item()
+    )
     want = convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16)
     assert same_bits(ck.read(key), want)
     assert same_bits(

@@ -85,8 +85,8 @@ def group(
         scheme = _scheme_for(prefix, groups, config)
         required = FORMATS.get(scheme.format, ("weight_packed", "weight_scale"))
         parts = {r: f"{prefix}.{r}" for r in (*required, *_OPTIONAL) if f"{prefix}.{r}" in entries}
-        if role == "weight_scale" and "weight" not in parts:
-            continue
+        if "weight" not in parts and (role == "weight_scale" or f"{prefix}.weight" in entries):
+            continue  # a scale alone, or a stored weight that is no part of this scheme
         dtype = _scale_dtype(entries, parts, scheme)
         shape = _shape(entries, parts, scheme, values)
         found[f"{prefix}.weight"] = LogicalWeight(f"{prefix}.weight", scheme, parts, dtype, shape)
@@ -150,7 +150,7 @@ def _mxfp4(entries: Mapping[str, Entry]) -> dict[str, LogicalWeight]:
         if not key.endswith("_blocks") or entry.dtype != "uint8":
             continue
         base = key.removesuffix("_blocks")
-        if base + "_scales" not in entries:
+        if base + "_scales" not in entries or base in entries:
             continue
         shape = None
         if entry.shape and len(entry.shape) == 4:

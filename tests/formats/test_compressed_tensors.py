@@ -344,3 +344,7 @@ def test_gpt_oss_mxfp4_bad_scales(tmp_path: Path) -> None:
     ):
         ck.read("experts.down_proj")
     assert same_bits(ck.read("experts.down_proj_blocks"), blocks)
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file({**tensors, "experts.down_proj": torch.ones(3)}, tmp_path / "model.safetensors")
+    ck = inspector.open(tmp_path)  # a stored tensor under the weight's name: nothing grouped
+    assert ck.logical == {} and same_bits(ck.read("experts.down_proj"), torch.ones(3))

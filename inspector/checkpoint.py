@@ -202,13 +202,11 @@ class Checkpoint:
         stored under its own key counts its stored record."""
         if self._sizes is None:
             with paused_gc():
-                sizes = sizes_of(self._stored.get(key, e) for key, e in self._entries.items())
-                if len(self._entries) != len(self._stored):
-                    sizes = [
-                        (name, numel, 0 if key not in self._stored else nbytes)
-                        for key, (name, numel, nbytes) in zip(self._entries, sizes, strict=True)
-                    ]
-                self._sizes = sizes
+                self._sizes = (
+                    stored_sizes(self._entries, self._stored)
+                    if self.logical
+                    else sizes_of(self._entries.values())
+                )
         return self._sizes
 
     def audit(self, checksums: bool = True, values: bool = False) -> AuditReport:
@@ -591,6 +589,18 @@ def with_logical(
             out[extra.key] = extra
         out[key] = replaced.get(key, entry)
     return out
+
+
+def stored_sizes(
+    entries: Mapping[str, Entry], stored: Mapping[str, Entry]
+) -> list[tuple[str, int, int]]:
+    """``sizes_of`` each of ``entries`` as stored: a logical weight's stored record where it
+    has one, else its dtype and numel with no bytes."""
+    sizes = sizes_of(stored.get(key, e) for key, e in entries.items())
+    return [
+        size if key in stored else (size[0], size[1], 0)
+        for key, size in zip(entries, sizes, strict=True)
+    ]
 
 
 def logical_entry(weight: LogicalWeight, stored: Mapping[str, Entry]) -> Entry:

@@ -35,7 +35,7 @@ from inspector.keys.layouts import detect_layout
 from inspector.keys.tree import KeyNode, build_tree, sizes_of
 from inspector.storage import IOCount, open_location
 from inspector.storage.base import ByteRange
-from inspector.tensors.detection import Detection, detect
+from inspector.tensors.detection import PLAIN, Detection, detect
 from inspector.tensors.scales import ScalePairs, scaled_pairs
 
 if TYPE_CHECKING:
@@ -76,12 +76,16 @@ def open(
 @dataclass(frozen=True, slots=True)
 class Facts:
     """What is known about an entry beyond its record, so far: its subclass and FP8 facts
-    (from a scan and from scale pairing) and why it cannot be read (found while opening,
-    scanning or reading)."""
+    (from a scan and from scale pairing), why it cannot be read (found while opening,
+    scanning or reading), its quantization ``scheme`` when it is a quantized weight (a
+    logical weight's, or a scanned torchao payload's class: what the app badges) and, for a
+    stored part of a logical weight, that weight's key (``part_of``)."""
 
     subclass: str | None
     fp8: str | None
     error: str | None
+    scheme: str | None = None
+    part_of: str | None = None
 
 
 class Checkpoint:
@@ -90,13 +94,14 @@ class Checkpoint:
     def __init__(self, source: Source) -> None:
         self.source = source
         entries = with_components(source.entries())
-        self._entries = {e.key: e for e in entries}
+        self._stored = {e.key: e for e in entries}
         self._sizes: list[tuple[str, int, int]] | None = None
-        self.scale_pairs: ScalePairs = scaled_pairs(self._entries)
-        self.logical: dict[str, LogicalWeight] = logical_weights(source, self._entries)
+        self.scale_pairs: ScalePairs = scaled_pairs(self._stored)
+        self.logical: dict[str, LogicalWeight] = logical_weights(source, self._stored)
         self._part_of = {
             part: w.key for w in self.logical.values() for part in w.parts.values() if part != w.key
         }
+        self._entries = with_logical(self._stored, self.logical)
         self._detections: dict[str, Detection] = {}
         self._damage: dict[str, str] = {}
         self._layout = detect_layout(
@@ -192,10 +197,16 @@ class Checkpoint:
 
     def sizes(self) -> list[tuple[str, int, int]]:
         """(dtype, or "object" / "unknown"; numel; nbytes) of each entry in ``entries()``
-        order: what totals count, worked out once (the header and the tree both use it)."""
+        order: what totals count, worked out once (the header and the tree both use it).
+        Bytes are stored bytes: a logical weight stored as parts counts none of its own, one
+        stored under its own key counts its stored record."""
         if self._sizes is None:
             with paused_gc():
-                self._sizes = sizes_of(self._entries.values())
+                self._sizes = (
+                    stored_sizes(self._entries, self._stored)
+                    if self.logical
+                    else sizes_of(self._entries.values())
+                )
         return self._sizes
 
     def audit(self, checksums: bool = True, values: bool = False) -> AuditReport:
@@ -211,7 +222,7 @@ class Checkpoint:
         return consistency(self)
 
     def __repr__(self) -> str:
-        size = sum(e.nbytes for e in self._entries.values() if e.kind == "tensor")
+        size = sum(e.nbytes for e in self._stored.values() if e.kind == "tensor")
         return (
             f"<Checkpoint {self.format} {self.layout} {self.location!r}: "
             f"{len(self._entries)} keys, {size / 1e6:.1f} MB of tensors>"
@@ -219,7 +230,8 @@ class Checkpoint:
 
     # --- keys and entries ---------------------------------------------------------------
     def keys(self) -> list[str]:
-        """Stored keys, in stored order."""
+        """Keys in stored order; a logical weight stored as parts (``ck.logical``) is one key,
+        placed before its first part (the parts keep their own keys)."""
         return list(self._entries)
 
     def entries(self) -> list[Entry]:
@@ -241,6 +253,12 @@ class Checkpoint:
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise MissingKeyError(f"no such key{hint}", file=self.location, key=key) from None
 
+    def stored_entry(self, key: str) -> Entry:
+        """The entry as the checkpoint stores it: ``entry(key)`` except for a logical weight
+        stored under its own key (a compressed-tensors float8 ``weight``), whose raw record
+        this is; a logical weight with no stored tensor of its own is refused."""
+        return self._readable_stored(key) if key in self.logical else self.entry(key)
+
     def facts(self, key: str) -> Facts:
         """Subclass and FP8 facts known so far (``scan`` finds subclasses), and the error."""
         entry = self.entry(key)
@@ -252,7 +270,14 @@ class Checkpoint:
             or self.scale_pairs.fp8_label(entry)
         )
         error = entry.error or self._damage.get(key) or (found.error if found else None)
-        return Facts(subclass, fp8, error)
+        scheme = self.logical[key].scheme.label if key in self.logical else None
+        if scheme is None and found is not None and found.kind == "payload":
+            scheme = found.subclass
+        return Facts(subclass, fp8, error, scheme, self._part_of.get(key))
+
+    def part_of(self, key: str) -> str | None:
+        """The logical weight (``ck.logical``) whose stored part ``key`` is, or None."""
+        return self._part_of.get(key)
 
     def _logical_label(self, key: str) -> str | None:
         if key in self.logical:
@@ -280,9 +305,10 @@ class Checkpoint:
     def detection(self, key: str) -> Detection:
         """What ``key``'s chunks hold (plain, FP8 wrapper, quantized payload, unknown
         subclass), scanned on first use."""
-        entry = self.entry(key)
+        self.entry(key)  # an unknown key: MissingKeyError
         if key not in self._detections:
-            self._detections[key] = detect(self.source, entry)
+            stored = self._stored.get(key)
+            self._detections[key] = detect(self.source, stored) if stored else PLAIN
         return self._detections[key]
 
     def records(self) -> list[dict[str, Any]]:
@@ -327,7 +353,8 @@ class Checkpoint:
         (``ck.logical``: compressed-tensors, MXFP4) as its logical value. ``dtype``: a
         torch.dtype or name."""
         if key in self.logical:
-            return self._read_logical(self.logical[key], dtype)
+            with self._marking(key):
+                return self._read_logical(self.logical[key], dtype)
         return self.read_stored(key, dtype)
 
     def read_stored(self, key: str, dtype: torch.dtype | str | None = None) -> torch.Tensor:
@@ -337,7 +364,7 @@ class Checkpoint:
         from inspector.tensors.convert import to_plain
 
         target = dtypes.optional_name(dtype)
-        entry = self._readable(key, "tensor")
+        entry = self._readable_stored(key)
         with self._marking(key), self._prefetching(entry, entry.chunks):
             if len(entry.chunks) == 1 and entry.chunks[0].sizes == entry.shape:
                 value = self.source.read_chunk(entry, 0)
@@ -351,16 +378,11 @@ class Checkpoint:
 
         target = dtypes.optional_name(dtype)
         if not weight.scheme.known:
-            raise UnsupportedError(
-                f"unknown quantization scheme {weight.scheme.label!r}; its parts "
-                f"{', '.join(weight.parts.values())} stay readable",
-                file=self.location,
-                key=weight.key,
-            )
+            raise UnsupportedError(unknown_scheme(weight), file=self.location, key=weight.key)
         parts = {role: self.read_stored(key) for role, key in weight.parts.items()}
         where = f"{weight.scheme.label}: "
         try:
-            return logical(
+            value = logical(
                 parts, weight.scheme, None if target is None else dtypes.to_torch(target)
             )
         except SchemeError as exc:
@@ -371,6 +393,15 @@ class Checkpoint:
             raise CorruptCheckpointError(
                 f"{where}parts do not fit the scheme ({exc!r})", file=self.location, key=weight.key
             ) from exc
+        expected = self._entries[weight.key].shape
+        if expected is not None and tuple(value.shape) != expected:
+            raise CorruptCheckpointError(
+                f"{where}parts make a weight of shape {list(value.shape)}, "
+                f"its metadata says {list(expected)}",
+                file=self.location,
+                key=weight.key,
+            )
+        return value
 
     def read_object(self, key: str) -> Any:
         """A non-tensor value (optimizer hyper-parameters, scheduler state, ...), decoded safely."""
@@ -385,23 +416,29 @@ class Checkpoint:
             value = self.read(key)
             yield ChunkInfo((0,) * value.dim(), tuple(value.shape), "", 0, 0), value
             return
-        entry = self._readable(key, "tensor")
+        entry = self._readable_stored(key)
         for index, chunk in enumerate(entry.chunks):
             yield chunk, self.read_chunk(key, index)
 
     def read_chunk(self, key: str, index: int) -> torch.Tensor:
         """Stored chunk ``index`` of a tensor as a plain tensor (``entry(key).chunks[index]``
-        says where it lies in the whole tensor)."""
+        says where it lies in the whole tensor); a logical weight's one chunk is its value."""
         from inspector.tensors.convert import to_plain
 
-        entry = self._readable(key, "tensor")
+        if key in self.logical and index == 0:
+            return self.read(key)
+        entry = self._readable_stored(key)
         with self._marking(key), self._prefetching(entry, (entry.chunks[index],)):
             value = self.source.read_chunk(entry, index)
             return to_plain(value, file=self._file_of(entry, index), key=key)
 
     def byte_ranges(self, key: str) -> list[ByteRange] | None:
         """The byte ranges that, concatenated, are the tensor's row-major bytes; None when
-        its chunks are not plain bytes tiling it along dim 0 (or it is a subclass)."""
+        its chunks are not plain bytes tiling it along dim 0 (or it is a subclass, or a
+        logical weight made from parts)."""
+        if key in self.logical:
+            self._readable(key, "tensor")
+            return None
         entry = self._readable(key, "tensor")
         chunks = sorted(enumerate(entry.chunks), key=lambda pair: pair[1].offsets)
         shape, row = entry.shape or (), 0
@@ -419,8 +456,26 @@ class Checkpoint:
         complete = row == shape[0] if shape else len(ranges) == 1
         return ranges if complete or not entry.numel else None
 
+    def _readable_stored(self, key: str) -> Entry:
+        """The stored tensor entry ``key`` (a logical weight's own stored part, when it has
+        one), checked readable; a logical weight with no stored tensor of its own is refused."""
+        stored = self._stored.get(key)
+        if stored is None and key in self.logical:
+            raise UsageError(
+                "is a logical weight with no stored tensor of its own; use ck.read() for its "
+                f"value, its parts ({', '.join(self.logical[key].parts.values())}) for the "
+                "stored bytes",
+                file=self.location,
+                key=key,
+            )
+        return self._checked(stored or self.entry(key), "tensor")
+
     def _readable(self, key: str, kind: str) -> Entry:
-        entry = self.entry(key)
+        return self._checked(self.entry(key), kind)
+
+    def _checked(self, entry: Entry, kind: str) -> Entry:
+        """``entry`` when it is of ``kind`` and not known to be damaged."""
+        key = entry.key
         if entry.kind != kind:
             what = "read_object" if entry.kind == "object" else "read"
             raise InspectorError(f"is a {entry.kind}; use ck.{what}()", file=self.location, key=key)
@@ -508,6 +563,66 @@ class _Marking:
             self.damage.setdefault(self.key, exc.located)
         if exc.key is None:
             raise type(exc)(exc.reason, file=exc.file, key=self.key) from exc
+
+
+def with_logical(
+    stored: dict[str, Entry], logical: Mapping[str, LogicalWeight]
+) -> dict[str, Entry]:
+    """The entries ``ck.keys()`` lists: the stored ones, a logical weight standing in place of
+    its stored key when it has one (its dtype and shape the dequantized value's), else placed
+    before its first part; one chunk covering it, in its first part's file."""
+    if not logical:
+        return stored
+    before: dict[str, list[Entry]] = {}
+    replaced: dict[str, Entry] = {}
+    for weight in logical.values():
+        entry = logical_entry(weight, stored)
+        if weight.key in stored:
+            replaced[weight.key] = entry
+        else:
+            parts = set(weight.parts.values())
+            first = next((p for p in stored if p in parts), None)
+            before.setdefault(first or "", []).append(entry)
+    out: dict[str, Entry] = {}
+    for key, entry in stored.items():
+        for extra in before.get(key, ()):
+            out[extra.key] = extra
+        out[key] = replaced.get(key, entry)
+    return out
+
+
+def stored_sizes(
+    entries: Mapping[str, Entry], stored: Mapping[str, Entry]
+) -> list[tuple[str, int, int]]:
+    """``sizes_of`` each of ``entries`` as stored: a logical weight's stored record where it
+    has one, else its dtype and numel with no bytes."""
+    sizes = sizes_of(stored.get(key, e) for key, e in entries.items())
+    return [
+        size if key in stored else (size[0], size[1], 0)
+        for key, size in zip(entries, sizes, strict=True)
+    ]
+
+
+def logical_entry(weight: LogicalWeight, stored: Mapping[str, Entry]) -> Entry:
+    """The entry of a logical weight: the dequantized dtype and shape, the component and
+    nesting of its first part (its last path element renamed), no error unless its scheme
+    is unknown."""
+    part = stored[next(iter(weight.parts.values()))]
+    tail, own_tail = part.key.rpartition(".")[2], weight.key.rpartition(".")[2]
+    leaf = str(part.nested_path[-1]) if part.nested_path else part.key
+    path = (*part.nested_path[:-1], leaf.removesuffix(tail) + own_tail)
+    shape = weight.shape
+    file = part.chunks[0].file if part.chunks else ""
+    chunks = () if shape is None else (ChunkInfo((0,) * len(shape), shape, file, 0, 0),)
+    error = None if weight.scheme.known else unknown_scheme(weight)
+    return Entry(weight.key, "tensor", weight.dtype, shape, chunks, path, part.component, error)
+
+
+def unknown_scheme(weight: LogicalWeight) -> str:
+    return (
+        f"unknown quantization scheme {weight.scheme.label!r}; its parts "
+        f"{', '.join(weight.parts.values())} stay readable"
+    )
 
 
 def _check_coverage(entry: Entry, location: str) -> None:

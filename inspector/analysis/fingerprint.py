@@ -105,7 +105,7 @@ def fingerprint(
     from tqdm.auto import tqdm
 
     ck = as_checkpoint(ck_or_path, storage_options)
-    chosen, duplicates = _select(ck.entries(), keys)
+    chosen, duplicates = _select(_logical_view(ck), keys)
     hasher = _Hasher()
     prints = []
     for name, entry in tqdm(
@@ -121,7 +121,7 @@ def model_digest(ck: Checkpoint, digests: Mapping[str, str]) -> str:
     """``fingerprint(ck).digest`` from tensor digests already computed (stored key -> hex
     digest, e.g. a diff's with ``fingerprints=True``); model tensors missing from
     ``digests`` are hashed now."""
-    chosen, _ = _select(ck.entries(), None)
+    chosen, _ = _select(_logical_view(ck), None)
     hasher = _Hasher()
     pairs = []
     for name, entry in sorted(chosen.items()):
@@ -141,6 +141,11 @@ def _whole(pairs: Iterable[tuple[str, str]]) -> str:
 def tensor_digest(ck: Checkpoint, key: str) -> str:
     """The hex digest of one tensor (as in ``fingerprint(ck).tensors``)."""
     return _Hasher().tensor(ck, ck.entry(key))[1]
+
+
+def _logical_view(ck: Checkpoint) -> list[Entry]:
+    """The entries a fingerprint covers: a weight stored as parts counts once, by its value."""
+    return [e for e in ck.entries() if ck.part_of(e.key) is None]
 
 
 def _select(

@@ -98,7 +98,8 @@ def plan_fp8(
         if key in grouped:
             weight = grouped[key]
             if weight.key in skipped or any(o.name == weight.key for o in outputs):
-                skipped[key] = f"part of {weight.key}, dequantized into it"
+                if key != weight.key:
+                    skipped[key] = f"part of {weight.key}, dequantized into it"
                 continue
             outputs.extend(
                 _quantized(
@@ -109,8 +110,12 @@ def plan_fp8(
                 skipped[key] = f"part of {weight.key}, dequantized into it"
             continue
         entry = ck.entry(key)
+        if entry.kind == "tensor" and key in ck.logical and key in ck.logical[key].parts.values():
+            entry = ck.stored_entry(key)  # the raw part, kept as stored
         if entry.kind != "tensor":
             skipped[key] = "not a tensor"
+        elif key in ck.logical and key not in ck.logical[key].parts.values():
+            skipped[key] = f"stored as its parts, written as they are in fp8={mode!r}"
         elif key in consumed:
             skipped[key] = f"scale of {consumed[key]}, applied to it"
         else:
@@ -145,19 +150,21 @@ def _quantized(
 
 
 def _grouped(ck: Checkpoint, wanted: set[str]) -> dict[str, LogicalWeight]:
-    """Each selected stored part of a logical weight (``ck.logical``), mapped to it."""
+    """Each selected logical weight (``ck.logical``) and its selected stored parts, mapped to
+    it (the parts of a weight left out are written as they are stored)."""
     return {
-        part: weight
+        key: weight
         for weight in ck.logical.values()
-        for part in weight.parts.values()
-        if part in wanted
+        if weight.key in wanted
+        for key in (weight.key, *weight.parts.values())
+        if key in wanted
     }
 
 
 def _logical_output(ck: Checkpoint, weight: LogicalWeight, dtype: str) -> Output:
     text = f"{weight.scheme.label} -> {dtype}"
     reader = functools.partial(ck.read, weight.key, dtype)
-    sources = tuple(weight.parts.values())
+    sources = tuple(dict.fromkeys((weight.key, *weight.parts.values())))
     return Output(weight.key, sources, text, reader, dtype, weight.shape)
 
 

@@ -7,7 +7,6 @@ plain copies, torch is not imported); :mod:`.run` writes it.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import re
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
     import torch
 
     from inspector.checkpoint import Checkpoint
-    from inspector.entry import Entry
 
 EXPORT_FORMATS = ("safetensors", "pt", "hf", "dcp", "megatron")
 MODEL_FOLDER_FORMATS = ("hf", "dcp", "megatron")  # whole models under another family's names
@@ -162,8 +160,6 @@ def name_outputs(
     seen: dict[str, str] = {}
     for output in found:
         entry = ck.entry(output.sources[0])
-        if not output.name.startswith(entry.key):  # a logical weight, named apart from its parts
-            entry = _renamed(entry, output.name)
         suffix = output.name[len(entry.key) :]
         base = view_key(entry, "flattened") if flatten else entry.key
         name = rename_fn(entry.key, base) + suffix  # split FP8 parts follow their tensor
@@ -181,15 +177,6 @@ def name_outputs(
         item = Item(name, item_dtype, shape, reader, ranges)
         planned.append(Planned(item, entry.key, path, _conversion(output, item_dtype, cast)))
     return planned
-
-
-def _renamed(entry: Entry, key: str) -> Entry:
-    """``entry`` (a stored part) standing for the logical weight ``key`` it belongs to: same
-    nesting, the last path element following the key's last dotted name."""
-    stored_tail, logical_tail = entry.key.rpartition(".")[2], key.rpartition(".")[2]
-    leaf = str(entry.nested_path[-1]) if entry.nested_path else entry.key
-    path = (*entry.nested_path[:-1], leaf.removesuffix(stored_tail) + logical_tail)
-    return dataclasses.replace(entry, key=key, nested_path=path)
 
 
 def _output_form(

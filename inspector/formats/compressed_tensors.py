@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+import struct
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from inspector.entry import Entry
@@ -61,11 +62,14 @@ def read_config(storage: Storage, name: str) -> dict[str, Any] | None:
 
 
 def group(
-    entries: Mapping[str, Entry], config: Mapping[str, Any] | None
+    entries: Mapping[str, Entry],
+    config: Mapping[str, Any] | None,
+    values: Callable[[str], tuple[int, ...] | None] = lambda key: None,
 ) -> dict[str, LogicalWeight]:
     """Every quantized weight of a folder with ``config`` (see the module docstring), by
-    logical key. A module whose parts do not fit its scheme is still grouped; reading it
-    then fails with an error naming the key and the scheme."""
+    logical key; ``values`` reads a small integer entry (``weight_shape``). A module whose
+    parts do not fit its scheme is still grouped; reading it then fails with an error naming
+    the key and the scheme."""
     if not config:
         return {}
     if config.get("quant_method") == MXFP4:
@@ -81,13 +85,30 @@ def group(
         scheme = _scheme_for(prefix, groups, config)
         required = FORMATS.get(scheme.format, ("weight_packed", "weight_scale"))
         parts = {r: f"{prefix}.{r}" for r in (*required, *_OPTIONAL) if f"{prefix}.{r}" in entries}
-        if role == "weight_scale" and "weight" not in parts:
-            continue
-        weight = entries.get(f"{prefix}.weight")
+        if "weight" not in parts and (role == "weight_scale" or f"{prefix}.weight" in entries):
+            continue  # a scale alone, or a stored weight that is no part of this scheme
         dtype = _scale_dtype(entries, parts, scheme)
-        shape = weight.shape if weight is not None and "weight" in parts else None
+        shape = _shape(entries, parts, scheme, values)
         found[f"{prefix}.weight"] = LogicalWeight(f"{prefix}.weight", scheme, parts, dtype, shape)
     return found
+
+
+def _shape(
+    entries: Mapping[str, Entry],
+    parts: dict[str, str],
+    scheme: Scheme,
+    values: Callable[[str], tuple[int, ...] | None],
+) -> tuple[int, ...] | None:
+    """The dequantized weight's shape: the stored weight's, ``weight_shape``'s values, or
+    (NVFP4: two values per byte) the packed tensor's; None when none of them says."""
+    if "weight" in parts:
+        return entries[parts["weight"]].shape
+    if "weight_shape" in parts:
+        return values(parts["weight_shape"])
+    packed = entries[parts["weight_packed"]].shape if "weight_packed" in parts else None
+    if scheme.format == "nvfp4-pack-quantized" and packed and len(packed) == 2:
+        return (packed[0], packed[1] * 2)
+    return None
 
 
 def _scale_dtype(entries: Mapping[str, Entry], parts: dict[str, str], scheme: Scheme) -> str | None:
@@ -129,7 +150,7 @@ def _mxfp4(entries: Mapping[str, Entry]) -> dict[str, LogicalWeight]:
         if not key.endswith("_blocks") or entry.dtype != "uint8":
             continue
         base = key.removesuffix("_blocks")
-        if base + "_scales" not in entries:
+        if base + "_scales" not in entries or base in entries:
             continue
         shape = None
         if entry.shape and len(entry.shape) == 4:
@@ -148,6 +169,32 @@ def logical_weights(source: Source, entries: Mapping[str, Entry]) -> dict[str, L
     if not source.format.startswith("safetensors"):
         return {}
     try:
-        return group(entries, read_config(source.storage, source.name))
+        config = read_config(source.storage, source.name)
+        return group(entries, config, lambda key: small_ints(source, entries[key]))
     except (AttributeError, TypeError, ValueError):
         return {}  # a quantization_config of another shape: the parts stay plain entries
+
+
+_INT_CODES = {"int64": "q", "int32": "i"}
+_MAX_SMALL = 8
+
+
+def small_ints(source: Source, entry: Entry) -> tuple[int, ...] | None:
+    """The values of a small stored 1-D integer tensor (a ``weight_shape``), read as bytes
+    without torch; None when it is not one (reading the weight then says what is wrong)."""
+    code = _INT_CODES.get(entry.dtype or "")
+    if code is None or entry.shape is None or len(entry.shape) != 1 or len(entry.chunks) != 1:
+        return None
+    count = entry.shape[0]
+    where = source.chunk_bytes(entry, 0)
+    size = count * struct.calcsize("<" + code)
+    if not 0 < count <= _MAX_SMALL or where is None or where.length != size:
+        return None
+    try:
+        data = where.storage.read(where.name, where.offset, where.length)
+    except InspectorError:
+        return None
+    if len(data) != where.length:
+        return None
+    found = struct.unpack(f"<{count}{code}", data)
+    return found if all(n >= 0 for n in found) else None

@@ -65,13 +65,14 @@ def dequantize_args(
         size = scheme.group_size or 0
         if size <= 0 or quantized.shape[-1] % size:
             raise SchemeError(f"group size {size} does not divide {quantized.shape[-1]} columns")
+        stored = list(scale.shape)
         while scale.dim() < 2:
             scale = scale.unsqueeze(1)
             zero_point = zero_point.unsqueeze(1) if zero_point is not None else None
         grouped = quantized.unflatten(-1, (quantized.shape[-1] // size, size))
         if tuple(scale.shape) != tuple(grouped.shape[:-1]):
             raise SchemeError(
-                f"scale of shape {list(scale.shape)} does not fit a weight of "
+                f"scale of shape {stored} does not fit a weight of "
                 f"{list(quantized.shape)} in groups of {size}"
             )
         zp = zero_point.unsqueeze(-1) if zero_point is not None else None

@@ -178,6 +178,12 @@ def test_gpt_oss_mxfp4_like_transformers(tmp_path: Path) -> None:
     key = prefix + "gate_up_proj"
     assert list(ck.logical) == [key]
     assert ck.logical[key].shape == (experts, cols, rows)
+    assert (ck.entry(key).dtype, ck.entry(key).shape) == ("bfloat16", (experts, cols, rows))
+    assert ck.keys().index(key) + 1 == ck.keys().index(prefix + "gate_up_proj_blocks")
+    assert ck.facts(key).scheme == "mxfp4 e2m1 + e8m0 scale per 32 (gpt-oss)"
+    assert inspector.stats(ck, key).max == pytest.approx(
+        convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16).float().max().item()
+    )
     want = convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16)
     assert same_bits(ck.read(key), want)
     assert same_bits(
@@ -210,3 +216,135 @@ def test_bad_config_leaves_plain_entries(ct_folders, tmp_path: Path) -> None:
         ck = inspector.open(folder)
         assert ck.logical == {}
         assert same_bits(ck.read(key), stored[key])
+
+
+# --- one logical entry per weight ----------------------------------------------------------
+
+LOGICAL_ONLY = ("w4a16_asym", "w3a16", "nvfp4")  # schemes whose weight has no stored tensor
+
+
+def test_logical_weights_listed_as_entries(ct_folders) -> None:
+    root, expected = ct_folders
+    for name in (*LOGICAL_ONLY, "fp8_channel"):
+        ck = inspector.open(root / name)
+        keys = ck.keys()
+        rows = {r["key"]: r for r in ck.records()}
+        for key, want in expected[name].items():
+            weight = ck.logical[key]
+            entry = ck.entry(key)
+            assert (entry.dtype, entry.shape, entry.kind) == (
+                str(want.dtype).removeprefix("torch."),
+                tuple(want.shape),
+                "tensor",
+            ), (name, key)
+            assert entry.component == "model"
+            if name in LOGICAL_ONLY:  # listed just before its first part
+                assert keys.index(key) + 1 == min(keys.index(p) for p in weight.parts.values())
+            assert ck.facts(key).scheme == LABELS[name]
+            assert rows[key]["dtype"] == entry.dtype and rows[key]["shape"] == list(want.shape)
+            for part in weight.parts.values():
+                if part != key:
+                    assert ck.facts(part).part_of == key and ck.facts(part).scheme is None
+            assert same_bits(ck.read_chunk(key, 0), want)
+            assert ck.stats(key).max == pytest.approx(want.float().max().item())
+            assert ck.byte_ranges(key) is None
+            leaf = ck.tree().find(key)
+            assert leaf.is_leaf and leaf.entry == entry
+        assert ck.facts("lm_head.weight").scheme is None
+        stored = load_file(root / name / "model.safetensors")
+        assert sum(nbytes for _, _, nbytes in ck.sizes()) == sum(t.nbytes for t in stored.values())
+    ck = inspector.open(root / "w4a16_asym")
+    with pytest.raises(inspector.InspectorError, match=r"q_proj\.weight.*no stored tensor"):
+        ck.read_stored(f"{Q_PROJ}.weight")
+
+
+def test_logical_weights_in_fingerprint_diff_and_exports(ct_folders, tmp_path: Path) -> None:
+    root, expected = ct_folders
+    ck = inspector.open(root / "w4a16")
+    out = tmp_path / "dequantized"
+    inspector.export(ck, out / "model.safetensors", format="safetensors")
+    plain = inspector.open(out / "model.safetensors")
+    assert sorted(plain.keys()) == sorted(
+        [*expected["w4a16"], "model.norm.weight", "lm_head.weight"]
+    )
+    assert inspector.fingerprint(ck).digest == inspector.fingerprint(plain).digest
+    table = inspector.diff(ck, plain, progress=False).set_index("key")
+    for key in expected["w4a16"]:
+        assert table.loc[key, "status"] == "same", key
+    assert set(table.loc[[k for k in ck.keys() if ck.part_of(k)], "status"]) == {"only_a"}
+    pt = tmp_path / "weights.pt"
+    inspector.export(ck, pt, format="pt", dtype="float32")
+    loaded = torch.load(pt, weights_only=True)
+    for key, want in expected["w4a16"].items():
+        assert same_bits(loaded[key], want.float())
+    for name in ("w4a16", "fp8_channel"):  # as stored: the parts, the float8 weights
+        kept = tmp_path / f"{name}.safetensors"
+        inspector.export(root / name, kept, format="safetensors", fp8="unwrap")
+        stored, written = load_file(root / name / "model.safetensors"), load_file(kept)
+        assert sorted(written) == sorted(stored)
+        assert all(same_bits(written[k], v) for k, v in stored.items()), name
+
+
+def test_bad_parts_leave_the_rest_browsable(ct_folders, tmp_path: Path) -> None:
+    root, expected = ct_folders
+    key, down = f"{Q_PROJ}.weight", "model.layers.0.mlp.down_proj.weight"
+    scale = f"{Q_PROJ}.weight_scale"
+    folder = _damage(root / "nvfp4", tmp_path / "nvfp4", scale, torch.ones(5))
+    ck = inspector.open(folder)
+    assert ck.entry(key).shape == (ctf.ROWS, ctf.COLS) and len(ck.table()) == len(ck.keys())
+    with pytest.raises(
+        inspector.CorruptCheckpointError,
+        match=r"q_proj\.weight.*nvfp4-pack-quantized float4 tensor-group 16: "
+        r"scale of shape \[5\]",
+    ):
+        ck.read(key)
+    assert "scale of shape [5]" in ck.facts(key).error
+    assert same_bits(ck.read(down), expected["nvfp4"][down])
+    out = tmp_path / "skip.safetensors"
+    result = inspector.export(ck, out, format="safetensors", on_error="skip")
+    parts = ck.logical[key].parts.values()  # left as stored: their weight is skipped
+    assert sorted(load_file(out)) == sorted([down, "model.norm.weight", "lm_head.weight", *parts])
+    assert "scale of shape [5]" in result.skipped[key]
+    shape = _damage(
+        root / "w4a16", tmp_path / "shape", f"{Q_PROJ}.weight_shape", torch.tensor([96, 128])
+    )
+    ck = inspector.open(shape)
+    assert ck.entry(key).shape == (96, 128)
+    with pytest.raises(inspector.CorruptCheckpointError, match=r"q_proj\.weight.*pack-quantized"):
+        ck.read(key)
+    unknown = tmp_path / "unknown"
+    _damage(root / "w4a16", unknown, "model.norm.weight", torch.ones(ctf.COLS))
+    config = json.loads((unknown / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["format"] = "marlin-24"
+    (unknown / "config.json").write_text(json.dumps(config))
+    ck = inspector.open(unknown)
+    assert "unknown quantization scheme 'marlin-24" in ck.facts(key).error
+    assert ck.facts(key).scheme.startswith("marlin-24 int4")
+    refused = r"_proj\.weight'.*unknown quantization scheme 'marlin-24"
+    with pytest.raises(inspector.ExportError, match=refused):
+        inspector.export(ck, tmp_path / "refused.safetensors", format="safetensors")
+
+
+def test_gpt_oss_mxfp4_bad_scales(tmp_path: Path) -> None:
+    blocks = torch.zeros(2, 8, 3, 16, dtype=torch.uint8)
+    save_file(
+        {
+            "experts.down_proj_blocks": blocks,
+            "experts.down_proj_scales": torch.zeros(2, 8, 2, dtype=torch.uint8),
+        },
+        tmp_path / "model.safetensors",
+    )
+    config = {"model_type": "gpt_oss", "quantization_config": {"quant_method": "mxfp4"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ck = inspector.open(tmp_path)
+    parts = ["experts.down_proj_blocks", "experts.down_proj_scales"]
+    assert ck.keys() == ["experts.down_proj", *parts]
+    with pytest.raises(
+        inspector.CorruptCheckpointError, match=r"experts\.down_proj\b.*mxfp4.*do not pair"
+    ):
+        ck.read("experts.down_proj")
+    assert same_bits(ck.read("experts.down_proj_blocks"), blocks)
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file({**tensors, "experts.down_proj": torch.ones(3)}, tmp_path / "model.safetensors")
+    ck = inspector.open(tmp_path)  # a stored tensor under the weight's name: nothing grouped
+    assert ck.logical == {} and same_bits(ck.read("experts.down_proj"), torch.ones(3))

@@ -460,6 +460,36 @@ def test_dcp_payload_plans(torchao_objects, payload_dcp: Path) -> None:
     )
 
 
+# Block formats beyond DCP_PAYLOADS: NF4 (dcp.save writes it), fp6 MX, swizzled NVFP4.
+BLOCK_FORMATS = ("nf4", "mx_fp6_e3m2", "mx_e5m2_fp32", "nvfp4", "nvfp4_swizzled_t")
+
+
+def test_block_formats_in_dcp_and_torch_checkpointing(torchao_objects, tmp_path: Path) -> None:
+    from torch_checkpointing import ItemSpec
+
+    from tests.fixtures.torch_checkpointing import make_manager
+
+    state = {f"{name}.weight": torchao_objects[name] for name in BLOCK_FORMATS}
+    manager = make_manager({"model": ItemSpec(), "step": ItemSpec()})
+    try:
+        manager.save(str(tmp_path / "step_1"), {"model": dict(state), "step": 1})
+    finally:
+        manager.close()
+    for ck, prefix in [
+        (inspector.open(dcp_save(dict(state), tmp_path / "dcp")), ""),
+        (inspector.open(tmp_path / "step_1"), "model."),
+    ]:
+        ck.scan(progress=False)
+        for name in BLOCK_FORMATS:
+            obj, key = torchao_objects[name], f"{prefix}{name}.weight"
+            facts = ck.facts(key)
+            assert (facts.subclass, facts.fp8) == FACTS[name][:2], (ck.format, name)
+            assert facts.scheme == FACTS[name][0]
+            assert same_bits(ck.read(key), fx.torchao_dequantized(obj).to(obj.dtype)), name
+            if name != "nf4":  # NF4Tensor takes no output dtype
+                assert same_bits(ck.read(key, dtype="float32"), obj.dequantize(torch.float32))
+
+
 @pytest.fixture(scope="session")
 def sharded_dcp(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sharded")

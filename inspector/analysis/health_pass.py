@@ -1,0 +1,277 @@
+"""Health's numbers for one tensor at one step in one pass over its values.
+
+The values are read in blocks of whole rows that fit in a core's cache (``BLOCK`` elements)
+and every number health reports is taken from a block while it is there: sum of squares,
+min / max, zeros, NaN / Inf, per-row and per-column max |w|, the update from the step before,
+its sum of squares and its dot product with the update before. Memory is streamed about
+twice, not once per number, and holds two tensors of the parameter (its values and its last
+update, carried to the next step) plus the blocks. Sums of squares are added up in float64
+across blocks (float32 within a block of 64 Ki elements: relative error ~1e-7).
+
+A local tensor whose bytes are plain (``ck.byte_ranges``) is read straight into the block
+buffer with ``readinto``; anything else (a remote run: ranged requests; an assembled or
+converted tensor; a damaged one, whose error ``ck.read`` words) is read whole with ``ck.read``
+and walked in the same blocks, so the numbers are the same either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from inspector import dtypes
+from inspector.checkpoint import Checkpoint
+from inspector.errors import CorruptCheckpointError, InspectorError
+from inspector.formats.base import bytes_view
+from inspector.storage.base import ByteRange
+
+BLOCK = 1 << 16  # elements per block: 256 KiB of float32, in a core's L2 cache
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What a parameter carries to the next step: its values as stored (flat float32), the
+    update into this step (non-finite values as 0; None at its first step) and their norms."""
+
+    shape: tuple[int, ...]
+    weights: torch.Tensor
+    update: torch.Tensor | None
+    l2: float
+    update_l2: float | None
+
+
+@dataclass(frozen=True)
+class WeightNumbers:
+    """One parameter's numbers at one step (over its finite values; ``rows`` and
+    ``columns``: each row's and column's max |w|, for a matrix)."""
+
+    l2: float
+    nan: int
+    inf: int
+    zeros: int
+    absmax: float
+    rows: torch.Tensor | None
+    columns: torch.Tensor | None
+    update_l2: float | None
+    update_dot: float | None  # with the update before
+
+
+@dataclass(frozen=True)
+class MomentNumbers:
+    """Sums of squares of exp_avg, exp_avg_sq and the effective step (None unless scaled),
+    over the finite values; exp_avg_sq's zeros."""
+
+    numel: int
+    m_squares: float
+    v_squares: float
+    v_zeros: int
+    step_squares: float | None
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread: block-sized operations only lose to thread wake-ups (parallel
+    work comes from worker processes)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def weights(ck: Checkpoint, key: str, carried: Carried | None) -> tuple[WeightNumbers, Carried]:
+    """The numbers of ``key``'s values, and against ``carried`` (the step before, when of the
+    same shape). ``carried``'s buffers are reused: on an error, drop it."""
+    entry = ck.entry(key)
+    shape = tuple(entry.shape or ())
+    before = carried if carried is not None and carried.shape == shape else None
+    numel = entry.numel
+    kept = before.weights if before is not None else torch.empty(numel)
+    update = None
+    if before is not None:
+        update = before.update if before.update is not None else torch.empty(numel)
+    tally = _WeightTally(shape, before is not None)
+    start = 0
+    for block in blocks(ck, key, _block_size(shape)):
+        end = start + block.numel()
+        tally.add(block, start // max(1, shape[-1]) if len(shape) == 2 else 0)
+        if before is not None and update is not None:
+            tally.add_update(block, kept[start:end], update[start:end], before.update is not None)
+        kept[start:end].copy_(block)
+        start = end
+    numbers = tally.numbers(before)
+    return numbers, Carried(shape, kept, update, numbers.l2, numbers.update_l2)
+
+
+def moments(
+    ck: Checkpoint, m_key: str, v_key: str, scale: tuple[float, float] | None
+) -> MomentNumbers:
+    """exp_avg's and exp_avg_sq's numbers, read side by side; ``scale`` = (1/√(1-β2^t), eps)
+    gives the effective step's sum of squares without ``lr/(1-β1^t)``, which the caller
+    applies to its root."""
+    numel = ck.entry(v_key).numel
+    if ck.entry(m_key).numel != numel:
+        raise CorruptCheckpointError(
+            f"exp_avg holds {ck.entry(m_key).numel} values, exp_avg_sq {numel}",
+            file=ck.location,
+            key=m_key,
+        )
+    m_sq = v_sq = step_sq = 0.0
+    zeros = 0
+    scratch = torch.empty(min(BLOCK, max(numel, 1)))
+    for m, v in zip(blocks(ck, m_key, BLOCK), blocks(ck, v_key, BLOCK), strict=True):
+        m_sq += _squares(m)
+        v_sq += _squares(v)
+        zeros += v.numel() - int(torch.count_nonzero(v))
+        if scale is not None:
+            s = torch.sqrt(v, out=scratch[: v.numel()]).mul_(scale[0]).add_(scale[1])
+            step_sq += _squares(torch.div(m, s, out=s))
+    return MomentNumbers(numel, m_sq, v_sq, zeros, step_sq if scale is not None else None)
+
+
+class _WeightTally:
+    """The running sums of one parameter's blocks."""
+
+    def __init__(self, shape: tuple[int, ...], with_update: bool) -> None:
+        self.matrix = len(shape) == 2 and min(shape) >= 2
+        self.rows = torch.zeros(shape[0]) if self.matrix else None
+        self.columns = torch.zeros(shape[1]) if self.matrix else None
+        self.squares = self.absmax = 0.0
+        self.nan = self.inf = self.zeros = 0
+        self.update_squares = 0.0 if with_update else None
+        self.update_dot = 0.0
+        self.scratch: torch.Tensor | None = None
+
+    def _buffer(self, n: int) -> torch.Tensor:
+        if self.scratch is None or self.scratch.numel() < n:
+            self.scratch = torch.empty(n)
+        return self.scratch[:n]
+
+    def add(self, block: torch.Tensor, first_row: int) -> None:
+        squares = float(torch.dot(block, block))
+        if not math.isfinite(squares):
+            self.nan += int(torch.isnan(block).sum())
+            self.inf += int(torch.isinf(block).sum())
+            block = torch.nan_to_num(block, 0.0, 0.0, 0.0)
+            squares = _exact_squares(block)
+        self.squares += squares
+        self.zeros += block.numel() - int(torch.count_nonzero(block))
+        if self.rows is not None and self.columns is not None:
+            width = self.columns.numel()
+            size = torch.abs(block, out=self._buffer(block.numel())).view(-1, width)
+            torch.amax(size, 1, out=self.rows[first_row : first_row + size.shape[0]])
+            torch.maximum(self.columns, size.amax(0), out=self.columns)
+        elif block.numel():
+            low, high = torch.aminmax(block)
+            self.absmax = max(self.absmax, float(high), -float(low))
+
+    def add_update(
+        self, block: torch.Tensor, before: torch.Tensor, update: torch.Tensor, has_update: bool
+    ) -> None:
+        """``update`` (the update before, when ``has_update``) becomes ``block - before``."""
+        now = torch.sub(block, before, out=self._buffer(block.numel()))
+        squares = float(torch.dot(now, now))
+        if not math.isfinite(squares):
+            now.nan_to_num_(0.0, 0.0, 0.0)
+            squares = _exact_squares(now)
+        assert self.update_squares is not None
+        self.update_squares += squares
+        if has_update:
+            self.update_dot += float(torch.dot(now, update))
+        update.copy_(now)
+
+    def numbers(self, before: Carried | None) -> WeightNumbers:
+        if self.rows is not None:
+            self.absmax = float(self.rows.max())
+        update_l2 = math.sqrt(self.update_squares) if self.update_squares is not None else None
+        with_dot = before is not None and before.update is not None
+        return WeightNumbers(
+            l2=math.sqrt(self.squares),
+            nan=self.nan,
+            inf=self.inf,
+            zeros=self.zeros,
+            absmax=self.absmax,
+            rows=self.rows,
+            columns=self.columns,
+            update_l2=update_l2,
+            update_dot=self.update_dot if with_dot else None,
+        )
+
+
+def _squares(block: torch.Tensor) -> float:
+    """Sum of squares of the finite values."""
+    squares = float(torch.dot(block, block))
+    if math.isfinite(squares):
+        return squares
+    return _exact_squares(torch.nan_to_num(block, 0.0, 0.0, 0.0))
+
+
+def _exact_squares(block: torch.Tensor) -> float:
+    """In float64: values whose squares overflow float32 stay finite."""
+    wide = block.double()
+    return float(torch.dot(wide, wide))
+
+
+def _block_size(shape: tuple[int, ...]) -> int:
+    """Whole rows of a matrix (at least one), else ``BLOCK`` elements."""
+    if len(shape) != 2 or not shape[1]:
+        return BLOCK
+    return max(1, BLOCK // shape[1]) * shape[1]
+
+
+# --- reading in blocks ---------------------------------------------------------------------
+def blocks(ck: Checkpoint, key: str, size: int) -> Iterator[torch.Tensor]:
+    """The tensor's values in row-major order as float32 blocks of ``size`` elements (the last
+    shorter); a block is valid until the next one is asked for."""
+    plain = _plain_ranges(ck, key)
+    if plain is None:
+        flat = ck.read(key).reshape(-1)
+        for start in range(0, flat.numel(), size):
+            yield flat[start : start + size].to(torch.float32)
+        return
+    stored = dtypes.to_torch(ck.entry(key).dtype or "")
+    buffer = torch.empty(min(size, max(ck.entry(key).numel, 1)), dtype=stored)
+    raw = bytes_view(buffer)
+    converted = torch.empty(buffer.numel()) if stored != torch.float32 else None
+    filled = 0
+    for storage, name, offset, length in ((r.storage, r.name, r.offset, r.length) for r in plain):
+        with storage.window(name, offset, length) as window:
+            done = 0
+            while done < length:
+                got = window.readinto(raw[filled : filled + min(len(raw) - filled, length - done)])
+                if not got:
+                    raise CorruptCheckpointError(
+                        f"{storage.describe(name)} ended while reading", file=ck.location, key=key
+                    )
+                done, filled = done + got, filled + got
+                if filled == len(raw):
+                    yield _float(buffer, converted, buffer.numel())
+                    filled = 0
+    if filled:
+        yield _float(buffer, converted, filled // buffer.element_size())
+
+
+def _float(buffer: torch.Tensor, converted: torch.Tensor | None, n: int) -> torch.Tensor:
+    if converted is None:
+        return buffer[:n]
+    return converted[:n].copy_(buffer[:n])
+
+
+def _plain_ranges(ck: Checkpoint, key: str) -> list[ByteRange] | None:
+    """The local files' byte ranges that are the tensor's bytes, when they are plain and all
+    there (else None: ``ck.read`` reads it, or says what is wrong)."""
+    entry = ck.entry(key)
+    if not ck.is_local or entry.error or entry.kind != "tensor" or key in ck.logical:
+        return None
+    try:
+        ranges = ck.byte_ranges(key)
+        if ranges is None or any(r.offset + r.length > r.storage.size(r.name) for r in ranges):
+            return None
+    except InspectorError:
+        return None
+    return ranges

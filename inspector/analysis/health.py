@@ -433,25 +433,24 @@ def _moments(ck: Checkpoint, adam: _Adam | None) -> dict[str, Any]:
         return found
     lr, betas, eps = (_object(ck, adam.hyper.get(h)) for h in ("lr", "betas", "eps"))
     scale = _step_scale(lr, betas, eps, step)
-    sums = health_pass.moments(ck, m_key, v_key, scale[:2] if scale else None)
+    sums = health_pass.moments(ck, m_key, v_key, scale[0] if scale else None)
     n = sums.numel
     found["exp_avg_rms"] = math.sqrt(sums.m_squares / n) if n else 0.0
     found["exp_avg_sq_rms"] = math.sqrt(sums.v_squares / n) if n else 0.0
     found["second_moment_zero_fraction"] = sums.v_zeros / n if n else 0.0
     if sums.step_squares is not None and scale is not None:
-        found["effective_step_rms"] = (math.sqrt(sums.step_squares / n) if n else 0.0) * scale[2]
+        found["effective_step_rms"] = (math.sqrt(sums.step_squares / n) if n else 0.0) * scale[1]
     return found
 
 
-def _step_scale(
-    lr: Any, betas: Any, eps: Any, step: float | None
-) -> tuple[float, float, float] | None:
-    """lr·(m/(1-β1^t)) / (√(v/(1-β2^t)) + eps) as (1/√(1-β2^t), eps, lr/(1-β1^t)): the
-    scalars folded out of the pass (None without the hyper-parameters or a step)."""
+def _step_scale(lr: Any, betas: Any, eps: Any, step: float | None) -> tuple[float, float] | None:
+    """lr·(m/(1-β1^t)) / (√(v/(1-β2^t)) + eps) = f · m / (√v + e): (e, f), the scalars
+    folded out of the pass (None without the hyper-parameters or a step)."""
     if lr is None or betas is None or eps is None or not step:
         return None
     beta1, beta2 = (float(b) for b in betas)
-    return 1 / math.sqrt(1 - beta2**step), float(eps), float(lr) / (1 - beta1**step)
+    root = math.sqrt(1 - beta2**step)
+    return float(eps) * root, float(lr) * root / (1 - beta1**step)
 
 
 def _scalar(ck: Checkpoint, key: str | None) -> float | None:

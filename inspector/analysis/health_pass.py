@@ -62,7 +62,7 @@ class WeightNumbers:
 
 @dataclass(frozen=True)
 class MomentNumbers:
-    """Sums of squares of exp_avg, exp_avg_sq and the effective step (None unless scaled),
+    """Sums of squares of exp_avg, exp_avg_sq and the effective step (None without ``eps``),
     over the finite values; exp_avg_sq's zeros."""
 
     numel: int
@@ -108,12 +108,9 @@ def weights(ck: Checkpoint, key: str, carried: Carried | None) -> tuple[WeightNu
     return numbers, Carried(shape, kept, update, numbers.l2, numbers.update_l2)
 
 
-def moments(
-    ck: Checkpoint, m_key: str, v_key: str, scale: tuple[float, float] | None
-) -> MomentNumbers:
-    """exp_avg's and exp_avg_sq's numbers, read side by side; ``scale`` = (1/√(1-β2^t), eps)
-    gives the effective step's sum of squares without ``lr/(1-β1^t)``, which the caller
-    applies to its root."""
+def moments(ck: Checkpoint, m_key: str, v_key: str, eps: float | None) -> MomentNumbers:
+    """exp_avg's and exp_avg_sq's numbers, read side by side, and the sum of squares of
+    m / (√v + ``eps``) (the effective step up to a factor the caller applies)."""
     numel = ck.entry(v_key).numel
     if ck.entry(m_key).numel != numel:
         raise CorruptCheckpointError(
@@ -128,10 +125,10 @@ def moments(
         m_sq += _squares(m)
         v_sq += _squares(v)
         zeros += v.numel() - int(torch.count_nonzero(v))
-        if scale is not None:
-            s = torch.sqrt(v, out=scratch[: v.numel()]).mul_(scale[0]).add_(scale[1])
+        if eps is not None:
+            s = torch.sqrt(v, out=scratch[: v.numel()]).add_(eps)
             step_sq += _squares(torch.div(m, s, out=s))
-    return MomentNumbers(numel, m_sq, v_sq, zeros, step_sq if scale is not None else None)
+    return MomentNumbers(numel, m_sq, v_sq, zeros, step_sq if eps is not None else None)
 
 
 class _WeightTally:

@@ -212,30 +212,42 @@ def health(
     storage_options: Mapping[str, Any] | None = None,
     on_progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
+    workers: int = 1,
 ) -> HealthReport:
     """Health of a training run: ``run_or_ck`` is a run folder (or URL), or a checkpoint
     opened from one (its ``ck.steps``); a checkpoint outside a run is one step. ``steps``
-    picks saved steps by name or number, ``keys`` model parameters by glob on their name."""
+    picks saved steps by name or number, ``keys`` model parameters by glob on their name.
+    ``workers``: processes the parameters are split across (each reopens the steps by their
+    location with ``storage_options``); the report is the same as with one."""
+    if not isinstance(workers, int) or workers < 1:
+        raise UsageError(f"workers must be at least 1, got {workers!r}")
     ck = as_checkpoint(run_or_ck, storage_options)
     chosen = _chosen_steps(ck, steps)
     opened = [_open_step(ck, s, storage_options) for s in chosen]
     params = _parameters(opened, keys)
     optimizer = [_optimizer(c) for c in opened]
-    total = sum(
-        c.entry(key).numel
-        for per_step in params.values()
-        for c, key in zip(opened, per_step, strict=True)
-        if key is not None
-    )
-    counter = Counter(total, on_progress, cancel)
+    sizes = {
+        name: sum(
+            c.entry(key).numel for c, key in zip(opened, per_step, strict=True) if key is not None
+        )
+        for name, per_step in params.items()
+    }
+    counter = Counter(sum(sizes.values()), on_progress, cancel)
     limits = thresholds or Thresholds()
-    rows: list[ParamHealth] = []
-    unreadable: list[HealthFinding] = []
-    with health_pass.one_thread():
-        for name, per_step in params.items():
-            found, failed = _walk(name, per_step, opened, chosen, optimizer, counter, limits)
-            rows.extend(found)
-            unreadable.extend(failed)
+    if workers > 1 and len(params) > 1:
+        from inspector.analysis import health_workers
+
+        walked = health_workers.walk(
+            workers, chosen, storage_options, params, sizes, counter, limits
+        )
+    else:
+        with health_pass.one_thread():
+            walked = [
+                _walk(name, per_step, opened, chosen, optimizer, counter, limits)
+                for name, per_step in params.items()
+            ]
+    rows = [row for found, _ in walked for row in found]
+    unreadable = [finding for _, failed in walked for finding in failed]
     order = {s.name: i for i, s in enumerate(chosen)}
     findings = sorted([*unreadable, *find(rows, limits)], key=lambda f: order[f.step_name])
     return HealthReport(ck.location, tuple(chosen), tuple(rows), tuple(findings), limits)

@@ -238,7 +238,7 @@ def health(
         from inspector.analysis import health_workers
 
         walked = health_workers.walk(
-            workers, chosen, storage_options, params, sizes, counter, limits
+            workers, chosen, storage_options, params, sizes, counter, limits, (_walk, _optimizer)
         )
     else:
         with health_pass.one_thread():

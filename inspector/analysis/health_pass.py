@@ -126,7 +126,7 @@ def moments(ck: Checkpoint, m_key: str, v_key: str, eps: float | None) -> Moment
         n = v.numel()
         m_sq += _finite_dot(m, m, products[:n])
         v_sq += _finite_dot(v, v, products[:n])
-        zeros += n - int(torch.count_nonzero(v))
+        zeros += _zeros(v, float(v.amin()))
         if eps is not None:
             s = torch.sqrt(v, out=scratch[:n]).add_(eps)
             s = torch.div(m, s, out=s)
@@ -156,15 +156,16 @@ class _WeightTally:
             block = torch.nan_to_num(block, 0.0, 0.0, 0.0)
             squares = _exact_squares(block)
         self.squares += squares
-        self.zeros += block.numel() - int(torch.count_nonzero(block))
         if self.rows is not None and self.columns is not None:
             width = self.columns.numel()
             size = torch.abs(block, out=self.scratch[:n]).view(-1, width)
             torch.amax(size, 1, out=self.rows[first_row : first_row + size.shape[0]])
             torch.maximum(self.columns, size.amax(0), out=self.columns)
-        elif block.numel():
-            low, high = torch.aminmax(block)
-            self.absmax = max(self.absmax, float(high), -float(low))
+            self.zeros += _zeros(block, float(size.amin()))
+        elif n:
+            low, high = (float(x) for x in torch.aminmax(block))
+            self.absmax = max(self.absmax, high, -low)
+            self.zeros += _zeros(block, low if low > 0 else -high)
 
     def add_update(
         self, block: torch.Tensor, before: torch.Tensor, update: torch.Tensor, has_update: bool
@@ -199,6 +200,14 @@ class _WeightTally:
             update_l2=update_l2,
             update_dot=self.update_dot if with_dot else None,
         )
+
+
+def _zeros(block: torch.Tensor, smallest: float) -> int:
+    """How many values are 0, counted only when ``smallest`` (a lower bound of the |values|
+    found in a pass made anyway) is not above 0: ``count_nonzero`` is a slow pass."""
+    if smallest > 0:
+        return 0
+    return block.numel() - int(torch.count_nonzero(block))
 
 
 def _finite_dot(a: torch.Tensor, b: torch.Tensor, products: torch.Tensor) -> float:

@@ -8,9 +8,11 @@ cosine between successive updates; from Adam-style state (``exp_avg``, ``exp_avg
 checkpoint keeps ``lr``, ``betas`` and ``eps``). Layers aggregate their parameters (grouped by
 the layer index in the key).
 
-Streaming: parameters are visited one at a time through every step, so each tensor is read
-once per step and memory holds one parameter's current and previous value and previous update
-(float32), whatever the run's size. Reads go through ``ck.read``: remote runs read ranges.
+Streaming: parameters are visited one at a time through every step, each tensor read once per
+step in cache-sized blocks that every metric is taken from (:mod:`.health_pass`), so memory
+holds one parameter's previous value and last update (float32) and the blocks, whatever the
+run's size; remote runs read ranges. ``workers=N`` splits the parameters across processes
+(:mod:`.health_workers`).
 """
 
 from __future__ import annotations

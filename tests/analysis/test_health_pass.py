@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from inspector.analysis.health import HealthReport, health
 from inspector.analysis.health_pass import BLOCK
+from inspector.errors import UsageError
 from tests.fixtures.servers import CountedServer
 from tests.storage.uploads import uploaded
 
@@ -107,6 +108,8 @@ def test_workers_make_the_same_report(faulty_run: Path) -> None:
     two = health(faulty_run, workers=2)
     assert two.rows == one.rows
     assert two.findings == one.findings
+    with pytest.raises(UsageError, match="workers must be at least 1"):
+        health(faulty_run, workers=0)
 
 
 def test_a_remote_run_reads_ranges_and_matches(

@@ -41,6 +41,7 @@ PLAN = RunPlan(
 )
 BLOCK = 1 << 22
 BLOCK_BUFFERS = 4  # health's read, scratch and products buffers, and exp_avg_sq's alongside
+SLACK = 1 << 20  # the allocator's rounding and the report's rows
 
 
 def read_once(run: Path) -> int:
@@ -140,11 +141,11 @@ def main(run: Path) -> int:
         e.numel * 4 for e in inspector.open(run).entries() if e.kind == "tensor" and e.numel
     )
     opened, after = memory(run)
-    bound = 2 * largest + BLOCK_BUFFERS * health_pass.BLOCK * 4
+    bound = 2 * largest + BLOCK_BUFFERS * health_pass.BLOCK * 4 + SLACK
     print(
         f"health's peak memory: {(after - opened) / 1e6:.1f} MB above its resting RSS "
         f"({opened / 1e6:.0f} MB); bound: 2 x the largest parameter as float32 + the block "
-        f"buffers = {bound / 1e6:.1f} MB: {'within' if after - opened <= bound else 'OVER'}"
+        f"buffers + 1 MiB = {bound / 1e6:.1f} MB: {'within' if after - opened <= bound else 'OVER'}"
     )
     verdict = "PASS" if ratio <= GOAL else "MISS"
     print(f"health / anchor: ratio {ratio:.2f}, goal <= {GOAL}: {verdict}")

@@ -87,10 +87,9 @@ def one_thread() -> Iterator[None]:
 def weights(ck: Checkpoint, key: str, carried: Carried | None) -> tuple[WeightNumbers, Carried]:
     """The numbers of ``key``'s values, and against ``carried`` (the step before, when of the
     same shape). ``carried``'s buffers are reused: on an error, drop it."""
-    entry = ck.entry(key)
-    shape = tuple(entry.shape or ())
+    values = _Values.of(ck, key)
+    shape, numel = values.shape, math.prod(values.shape)
     before = carried if carried is not None and carried.shape == shape else None
-    numel = entry.numel
     kept = before.weights if before is not None else torch.empty(numel)
     update = None
     if before is not None:
@@ -98,7 +97,7 @@ def weights(ck: Checkpoint, key: str, carried: Carried | None) -> tuple[WeightNu
     size = _block_size(shape)
     tally = _WeightTally(shape, before is not None, min(size, max(numel, 1)))
     start = 0
-    for block in blocks(ck, key, size):
+    for block in values.blocks(size):
         end = start + block.numel()
         tally.add(block, start // max(1, shape[-1]) if len(shape) == 2 else 0)
         if before is not None and update is not None:
@@ -112,17 +111,18 @@ def weights(ck: Checkpoint, key: str, carried: Carried | None) -> tuple[WeightNu
 def moments(ck: Checkpoint, m_key: str, v_key: str, eps: float | None) -> MomentNumbers:
     """exp_avg's and exp_avg_sq's numbers, read side by side, and the sum of squares of
     m / (√v + ``eps``) (the effective step up to a factor the caller applies)."""
-    numel = ck.entry(v_key).numel
-    if ck.entry(m_key).numel != numel:
+    m_values, v_values = _Values.of(ck, m_key), _Values.of(ck, v_key)
+    numel = math.prod(v_values.shape)
+    if math.prod(m_values.shape) != numel:
         raise CorruptCheckpointError(
-            f"exp_avg holds {ck.entry(m_key).numel} values, exp_avg_sq {numel}",
+            f"exp_avg holds {math.prod(m_values.shape)} values, exp_avg_sq {numel}",
             file=ck.location,
             key=m_key,
         )
     m_sq = v_sq = step_sq = 0.0
     zeros = 0
     scratch, products = (torch.empty(min(BLOCK, max(numel, 1))) for _ in range(2))
-    for m, v in zip(blocks(ck, m_key, BLOCK), blocks(ck, v_key, BLOCK), strict=True):
+    for m, v in zip(m_values.blocks(BLOCK), v_values.blocks(BLOCK), strict=True):
         n = v.numel()
         m_sq += _finite_dot(m, m, products[:n])
         v_sq += _finite_dot(v, v, products[:n])
@@ -241,35 +241,55 @@ def _block_size(shape: tuple[int, ...]) -> int:
 
 
 # --- reading in blocks ---------------------------------------------------------------------
-def blocks(ck: Checkpoint, key: str, size: int) -> Iterator[torch.Tensor]:
-    """The tensor's values in row-major order as float32 blocks of ``size`` elements (the last
-    shorter); a block is valid until the next one is asked for."""
-    plain = _plain_ranges(ck, key)
-    if plain is None:
-        flat = ck.read(key).reshape(-1)
-        for start in range(0, flat.numel(), size):
-            yield flat[start : start + size].to(torch.float32)
-        return
-    stored = dtypes.to_torch(ck.entry(key).dtype or "")
-    buffer = torch.empty(min(size, max(ck.entry(key).numel, 1)), dtype=stored)
-    raw = bytes_view(buffer)
-    converted = torch.empty(buffer.numel()) if stored != torch.float32 else None
-    filled = 0
-    for storage, name, offset, length in ((r.storage, r.name, r.offset, r.length) for r in plain):
-        with storage.window(name, offset, length) as window:
-            done = 0
-            while done < length:
-                got = window.readinto(raw[filled : filled + min(len(raw) - filled, length - done)])
-                if not got:
-                    raise CorruptCheckpointError(
-                        f"{storage.describe(name)} ended while reading", file=ck.location, key=key
-                    )
-                done, filled = done + got, filled + got
-                if filled == len(raw):
-                    yield _float(buffer, converted, buffer.numel())
-                    filled = 0
-    if filled:
-        yield _float(buffer, converted, filled // buffer.element_size())
+@dataclass(frozen=True)
+class _Values:
+    """A tensor to walk in blocks: its plain local byte ranges, or its value read whole."""
+
+    ck: Checkpoint
+    key: str
+    shape: tuple[int, ...]
+    ranges: list[ByteRange] | None
+    value: torch.Tensor | None
+
+    @classmethod
+    def of(cls, ck: Checkpoint, key: str) -> _Values:
+        ranges = _plain_ranges(ck, key)
+        if ranges is not None:
+            return cls(ck, key, tuple(ck.entry(key).shape or ()), ranges, None)
+        value = ck.read(key)  # a logical weight's shape may be known only once read
+        return cls(ck, key, tuple(value.shape), None, value)
+
+    def blocks(self, size: int) -> Iterator[torch.Tensor]:
+        """The values in row-major order as float32 blocks of ``size`` elements (the last
+        shorter); a block is valid until the next one is asked for."""
+        if self.value is not None:
+            flat = self.value.reshape(-1)
+            for start in range(0, flat.numel(), size):
+                yield flat[start : start + size].to(torch.float32)
+            return
+        assert self.ranges is not None
+        stored = dtypes.to_torch(self.ck.entry(self.key).dtype or "")
+        buffer = torch.empty(min(size, max(math.prod(self.shape), 1)), dtype=stored)
+        converted = torch.empty(buffer.numel()) if stored != torch.float32 else None
+        raw, filled = bytes_view(buffer), 0
+        for r in self.ranges:
+            with r.storage.window(r.name, r.offset, r.length) as window:
+                done = 0
+                while done < r.length:
+                    want = min(len(raw) - filled, r.length - done)
+                    got = window.readinto(raw[filled : filled + want])
+                    if not got:
+                        raise CorruptCheckpointError(
+                            f"{r.storage.describe(r.name)} ended while reading",
+                            file=self.ck.location,
+                            key=self.key,
+                        )
+                    done, filled = done + got, filled + got
+                    if filled == len(raw):
+                        yield _float(buffer, converted, buffer.numel())
+                        filled = 0
+        if filled:
+            yield _float(buffer, converted, filled // buffer.element_size())
 
 
 def _float(buffer: torch.Tensor, converted: torch.Tensor | None, n: int) -> torch.Tensor:

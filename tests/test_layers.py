@@ -18,6 +18,7 @@ LAYERS = (
         "inspector.errors",
         "inspector.dtypes",
         "inspector.gc_pause",
+        "inspector.processes",
         "inspector.progress",
         "inspector.reprs",
         "inspector.version",

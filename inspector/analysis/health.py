@@ -8,9 +8,11 @@ cosine between successive updates; from Adam-style state (``exp_avg``, ``exp_avg
 checkpoint keeps ``lr``, ``betas`` and ``eps``). Layers aggregate their parameters (grouped by
 the layer index in the key).
 
-Streaming: parameters are visited one at a time through every step, so each tensor is read
-once per step and memory holds one parameter's current and previous value and previous update
-(float32), whatever the run's size. Reads go through ``ck.read``: remote runs read ranges.
+Streaming: parameters are visited one at a time through every step, each tensor read once per
+step in cache-sized blocks that every metric is taken from (:mod:`.health_pass`), so memory
+holds one parameter's previous value and last update (float32) and the blocks, whatever the
+run's size; remote runs read ranges. ``workers=N`` splits the parameters across processes
+(:mod:`.health_workers`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from inspector.analysis import health_pass
 from inspector.analysis.stats import layer_index, layer_name
 from inspector.checkpoint import Checkpoint, as_checkpoint
 from inspector.entry import Entry
@@ -211,29 +214,42 @@ def health(
     storage_options: Mapping[str, Any] | None = None,
     on_progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
+    workers: int = 1,
 ) -> HealthReport:
     """Health of a training run: ``run_or_ck`` is a run folder (or URL), or a checkpoint
     opened from one (its ``ck.steps``); a checkpoint outside a run is one step. ``steps``
-    picks saved steps by name or number, ``keys`` model parameters by glob on their name."""
+    picks saved steps by name or number, ``keys`` model parameters by glob on their name.
+    ``workers``: processes the parameters are split across (each reopens the steps by their
+    location with ``storage_options``); the report is the same as with one."""
+    if not isinstance(workers, int) or workers < 1:
+        raise UsageError(f"workers must be at least 1, got {workers!r}")
     ck = as_checkpoint(run_or_ck, storage_options)
     chosen = _chosen_steps(ck, steps)
     opened = [_open_step(ck, s, storage_options) for s in chosen]
     params = _parameters(opened, keys)
     optimizer = [_optimizer(c) for c in opened]
-    total = sum(
-        c.entry(key).numel
-        for per_step in params.values()
-        for c, key in zip(opened, per_step, strict=True)
-        if key is not None
-    )
-    counter = Counter(total, on_progress, cancel)
+    sizes = {
+        name: sum(
+            c.entry(key).numel for c, key in zip(opened, per_step, strict=True) if key is not None
+        )
+        for name, per_step in params.items()
+    }
+    counter = Counter(sum(sizes.values()), on_progress, cancel)
     limits = thresholds or Thresholds()
-    rows: list[ParamHealth] = []
-    unreadable: list[HealthFinding] = []
-    for name, per_step in params.items():
-        found, failed = _walk(name, per_step, opened, chosen, optimizer, counter, limits)
-        rows.extend(found)
-        unreadable.extend(failed)
+    if workers > 1 and len(params) > 1:
+        from inspector.analysis import health_workers
+
+        walked = health_workers.walk(
+            workers, chosen, storage_options, params, sizes, counter, limits, (_walk, _optimizer)
+        )
+    else:
+        with health_pass.one_thread():
+            walked = [
+                _walk(name, per_step, opened, chosen, optimizer, counter, limits)
+                for name, per_step in params.items()
+            ]
+    rows = [row for found, _ in walked for row in found]
+    unreadable = [finding for _, failed in walked for finding in failed]
     order = {s.name: i for i, s in enumerate(chosen)}
     findings = sorted([*unreadable, *find(rows, limits)], key=lambda f: order[f.step_name])
     return HealthReport(ck.location, tuple(chosen), tuple(rows), tuple(findings), limits)
@@ -329,33 +345,27 @@ def _walk(
 ) -> tuple[list[ParamHealth], list[HealthFinding]]:
     """The parameter's rows, step by step, and the steps where it could not be read."""
     rows, unreadable = [], []
-    previous: torch.Tensor | None = None
-    previous_update: torch.Tensor | None = None
-    previous_l2 = 0.0
+    carried: health_pass.Carried | None = None
     for ck, key, step, adam in zip(opened, per_step, chosen, optimizer, strict=True):
         if key is None:
-            previous = previous_update = None
+            carried = None
             continue
         try:
             moments = _moments(ck, adam.get(name))
         except InspectorError as exc:
             unreadable.append(_unreadable(name, step, "its optimizer state", exc))
             moments = {}
+        before = carried
         try:
-            current = ck.read(key).to(torch.float32).contiguous()  # owned: updated in place
+            numbers, carried = health_pass.weights(ck, key, carried)
         except InspectorError as exc:
             unreadable.append(_unreadable(name, step, "its weights", exc))
-            previous = previous_update = None
+            carried = None
             continue
-        row = _weights(current, step, name, ck.entry(key).numel, limits.channel_outlier)
-        if previous is not None and previous.shape == current.shape:
-            update = previous.sub_(current).neg_()  # previous's buffer becomes the update
-            row = _with_update(row, update, previous_update, previous_l2)
-            previous_update = update
-        else:
-            previous_update = None
+        row = _weights(numbers, step, name, ck.entry(key).numel, limits.channel_outlier)
+        if numbers.update_l2 is not None and before is not None:
+            row = _with_update(row, numbers, before)
         rows.append(_replace(row, **moments))
-        previous, previous_l2 = current, row.l2
         counter.step(row.numel)
     return rows, unreadable
 
@@ -372,11 +382,9 @@ def _unreadable(name: str, step: Step, what: str, exc: InspectorError) -> Health
     )
 
 
-def _weights(value: torch.Tensor, step: Step, name: str, numel: int, k: float) -> ParamHealth:
-    l2, nan, inf = _norm(value)
-    if nan or inf:
-        value = torch.where(torch.isfinite(value), value, 0.0)
-    low, high = torch.aminmax(value) if numel else (torch.zeros(()), torch.zeros(()))
+def _weights(
+    numbers: health_pass.WeightNumbers, step: Step, name: str, numel: int, k: float
+) -> ParamHealth:
     index = layer_index(name)
     return ParamHealth(
         step=step.number,
@@ -385,35 +393,20 @@ def _weights(value: torch.Tensor, step: Step, name: str, numel: int, k: float) -
         layer=index,
         group=f"layer {index}" if index is not None else name,
         numel=numel,
-        l2=l2,
-        rms=l2 / math.sqrt(numel) if numel else 0.0,
-        absmax=max(float(high), -float(low)),
-        nan=nan,
-        inf=inf,
-        zero_fraction=(numel - int(torch.count_nonzero(value))) / numel if numel else 0.0,
-        **_channels(value, k),
+        l2=numbers.l2,
+        rms=numbers.l2 / math.sqrt(numel) if numel else 0.0,
+        absmax=numbers.absmax,
+        nan=numbers.nan,
+        inf=numbers.inf,
+        zero_fraction=numbers.zeros / numel if numel else 0.0,
+        **_channels(numbers.rows, numbers.columns, k),
     )
 
 
-def _norm(value: torch.Tensor) -> tuple[float, int, int]:
-    """L2 norm over the finite values, and the NaN and Inf counts (counted only when the
-    norm says there may be some: one pass for a healthy tensor)."""
-    l2 = float(torch.linalg.vector_norm(value)) if value.numel() else 0.0
-    if math.isfinite(l2):
-        return l2, 0, 0
-    nan, inf = int(torch.isnan(value).sum()), int(torch.isinf(value).sum())
-    finite = torch.where(torch.isfinite(value), value, 0.0)
-    return float(torch.linalg.vector_norm(finite, dtype=torch.float64)), nan, inf
-
-
-def _channels(value: torch.Tensor, k: float) -> dict[str, Any]:
-    """Rows and columns of a matrix: all zero (dead), or with a max |w| over ``k`` x the
-    median channel's."""
-    if value.dim() != 2 or min(value.shape) < 2:
-        return {}
-    # amax and amin, not aminmax(dim=): that one runs 30-60x slower on CPU (torch 2.13)
-    rows, columns = (torch.maximum(value.amax(d), -value.amin(d)) for d in (1, 0))
-    if not bool(rows.any()):
+def _channels(rows: torch.Tensor | None, columns: torch.Tensor | None, k: float) -> dict[str, Any]:
+    """Rows and columns of a matrix (their max |w|): all zero (dead), or with a max |w| over
+    ``k`` x the median channel's."""
+    if rows is None or columns is None or not bool(rows.any()):
         return {}
     medians = [float(rows.median()), float(columns.median())]
     ratio = max(float(c.max()) / m for c, m in zip((rows, columns), medians, strict=True) if m > 0)
@@ -431,17 +424,14 @@ def _above(values: torch.Tensor, median: float, k: float) -> int:
 
 
 def _with_update(
-    row: ParamHealth, update: torch.Tensor, before: torch.Tensor | None, previous_l2: float
+    row: ParamHealth, numbers: health_pass.WeightNumbers, before: health_pass.Carried
 ) -> ParamHealth:
-    l2, nan, inf = _norm(update)
-    if nan or inf:
-        update.nan_to_num_(0.0, 0.0, 0.0)
+    l2 = numbers.update_l2 or 0.0
     cosine = None
-    if before is not None and before.shape == update.shape:
-        norms = l2 * float(torch.linalg.vector_norm(before))
-        dot = float(torch.dot(update.flatten(), before.flatten()))
-        cosine = dot / norms if norms > 0 else None
-    ratio = l2 / previous_l2 if previous_l2 > 0 else None
+    if numbers.update_dot is not None and before.update_l2 is not None:
+        norms = l2 * before.update_l2
+        cosine = numbers.update_dot / norms if norms > 0 else None
+    ratio = l2 / before.l2 if before.l2 > 0 else None
     return _replace(row, update_l2=l2, update_ratio=ratio, update_cosine=cosine)
 
 
@@ -455,25 +445,26 @@ def _moments(ck: Checkpoint, adam: _Adam | None) -> dict[str, Any]:
     m_key, v_key = adam.states.get("exp_avg"), adam.states.get("exp_avg_sq")
     if m_key is None or v_key is None:
         return found
-    m = ck.read(m_key).to(torch.float32)
-    found["exp_avg_rms"] = _rms(m)
-    v = ck.read(v_key).to(torch.float32)
-    found["exp_avg_sq_rms"] = _rms(v)
-    zeros = v.numel() - int(torch.count_nonzero(v))
-    found["second_moment_zero_fraction"] = zeros / v.numel() if v.numel() else 0.0
     lr, betas, eps = (_object(ck, adam.hyper.get(h)) for h in ("lr", "betas", "eps"))
-    if None in (lr, betas, eps, step) or not step:
-        return found
-    beta1, beta2 = (float(b) for b in betas)
-    # lr·(m/(1-β1^t)) / (√(v/(1-β2^t)) + eps), the scalars folded out of the passes
-    v.sqrt_().mul_(1 / math.sqrt(1 - beta2**step)).add_(float(eps))
-    found["effective_step_rms"] = _rms(m.div_(v)) * float(lr) / (1 - beta1**step)
+    scale = _step_scale(lr, betas, eps, step)
+    sums = health_pass.moments(ck, m_key, v_key, scale[0] if scale else None)
+    n = sums.numel
+    found["exp_avg_rms"] = math.sqrt(sums.m_squares / n) if n else 0.0
+    found["exp_avg_sq_rms"] = math.sqrt(sums.v_squares / n) if n else 0.0
+    found["second_moment_zero_fraction"] = sums.v_zeros / n if n else 0.0
+    if sums.step_squares is not None and scale is not None:
+        found["effective_step_rms"] = (math.sqrt(sums.step_squares / n) if n else 0.0) * scale[1]
     return found
 
 
-def _rms(value: torch.Tensor) -> float:
-    n = value.numel()
-    return _norm(value)[0] / math.sqrt(n) if n else 0.0
+def _step_scale(lr: Any, betas: Any, eps: Any, step: float | None) -> tuple[float, float] | None:
+    """lr·(m/(1-β1^t)) / (√(v/(1-β2^t)) + eps) = f · m / (√v + e): (e, f), the scalars
+    folded out of the pass (None without the hyper-parameters or a step)."""
+    if lr is None or betas is None or eps is None or not step:
+        return None
+    beta1, beta2 = (float(b) for b in betas)
+    root = math.sqrt(1 - beta2**step)
+    return float(eps) * root, float(lr) * root / (1 - beta1**step)
 
 
 def _scalar(ck: Checkpoint, key: str | None) -> float | None:

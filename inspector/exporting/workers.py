@@ -6,13 +6,11 @@ error; ``run(plan, shares, meter)`` does share *i* in process *i* and returns ev
 :class:`~.shares.Done` everywhere, or raises the first failure (in share order) everywhere,
 only after every process stopped writing.
 
-Local workers are started by a fork server that imported torch once (the "forkserver"
-context), never forked from the caller: the caller's torch threads and fsspec clients are
-not fork-safe, while the server has only imported modules. Starting a worker costs a fork,
-not a fresh ``import torch`` (about 2 s each on a busy 2-core machine). A worker does not
-import the caller's ``__main__`` (multiprocessing would re-run a script's top level in it)
-unless the plan refers to it (a ``rename`` function defined there). They report each
-written tensor on a queue, so the parent shows one bar, and stop within a copy step (64 MiB)
+Local workers come from the fork server of :mod:`inspector.processes` (a fork, not a fresh
+``import torch``: about 2 s each on a busy 2-core machine); they import the caller's
+``__main__`` only when the plan refers to it (a ``rename`` function defined there). They
+report each written tensor on a queue, so the parent shows one bar, and stop within a copy
+step (64 MiB)
 once another worker failed or the parent was interrupted; a worker's death is reported with
 its cause (signal, exit code, the OOM killer when the cgroup counted a kill).
 """
@@ -20,21 +18,16 @@ its cause (signal, exit code, the OOM killer when the cgroup counted a kill).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import multiprocessing
 import os
 import queue
 import signal
-import sys
-import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import context as mp_context
-from multiprocessing import popen_forkserver
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from inspector import processes
 from inspector.errors import ExportError, InspectorError
 from inspector.exporting.shares import Done, Plan, Task, run_share, seed
 from inspector.storage.copy import halting
@@ -90,45 +83,12 @@ def _share(plan: Plan, tasks: Sequence[Task]) -> list[Done]:
         return run_share(plan, tasks, _report)
 
 
-@contextlib.contextmanager
-def _main_hidden() -> Iterator[None]:
-    """``__main__`` as a bare module while a worker is launched, so the preparation data
-    multiprocessing sends it names no main module to import (and re-run)."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
-
-
-class _PopenWithoutMain(popen_forkserver.Popen):
-    def _launch(self, process_obj: Any) -> None:
-        with _main_hidden():
-            super()._launch(process_obj)  # type: ignore[misc]  # typeshed omits it
-
-
-class _ProcessWithoutMain(mp_context.ForkServerProcess):
-    @staticmethod
-    def _Popen(process_obj: Any) -> Any:
-        return _PopenWithoutMain(process_obj)
-
-
-class _ContextWithoutMain(mp_context.ForkServerContext):
-    """The fork server's context, whose processes do not import the caller's ``__main__``."""
-
-    Process = _ProcessWithoutMain
-
-
 class Workers:
     """``size`` worker processes from the fork server, started once and reused for every step;
     ``with_main``: they import the caller's ``__main__`` (the plan refers to it)."""
 
     def __init__(self, size: int, with_main: bool = False) -> None:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["torch", "inspector.exporting.shares"])
-        if not with_main:
-            context = _ContextWithoutMain()
+        context = processes.context(["torch", "inspector.exporting.shares"], with_main)
         self.size = size
         self._events = context.Queue()
         self._abort = context.Event()

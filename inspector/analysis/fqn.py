@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 SPELLINGS = {
     "stored": "as stored (the keys dcp.load matches)",
     "flattened": "without their component prefix (what load_state_dict(sd['model']) sees)",
-    "prefixed": "under 'model.' (torchtitan's legacy spelling)",
+    "prefixed": "under 'model.' (the model's state dict nested under 'model')",
 }
 _EXAMPLES = 3
 _ALL_MATCH = {

@@ -20,8 +20,8 @@ WRAPPER_ORIGINS = {
 }
 WRAPPER_PREFIXES = tuple(WRAPPER_ORIGINS)
 MODEL_PREFIX_ORIGIN = (
-    "torchtitan stored model weights under 'model.' before PR #1347 (July 2025) "
-    "and at top level since"
+    "a checkpoint that nests the model's state dict under 'model' spells its weights "
+    "'model.<name>' (torchtitan did before PR #1347, July 2025; flat since)"
 )
 
 

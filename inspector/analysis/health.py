@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from inspector.analysis.optimizer_state import Adam as _Adam
+from inspector.analysis.optimizer_state import Pairing, pair_optimizer
 from inspector.analysis.stats import layer_index, layer_name
 from inspector.checkpoint import Checkpoint, as_checkpoint
 from inspector.entry import Entry
 from inspector.errors import InspectorError, MissingKeyError, UsageError
 from inspector.formats.base import Step
-from inspector.keys.optimizer import optimizer_ref, resolve_optimizer_fqn, state_name
 from inspector.keys.spellings import canonical_fqn, model_fqn
 from inspector.progress import Counter, ProgressFn
 
@@ -50,6 +51,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "zero-second-moment": ("warning", "exp_avg_sq all zero: no gradient ever reached it"),
     "dead-rows": ("warning", "rows (or columns) of a matrix that are all zero"),
     "outlier-channels": ("warning", "channels whose max |w| is channel_outlier x the median"),
+    "cannot-pair": ("info", "optimizer state kept by number that names no parameter soundly"),
 }
 METRICS = (
     "l2",
@@ -219,7 +221,8 @@ def health(
     chosen = _chosen_steps(ck, steps)
     opened = [_open_step(ck, s, storage_options) for s in chosen]
     params = _parameters(opened, keys)
-    optimizer = [_optimizer(c) for c in opened]
+    pairings = [pair_optimizer(c) for c in opened]
+    optimizer = [p.params for p in pairings]
     total = sum(
         c.entry(key).numel
         for per_step in params.values()
@@ -235,7 +238,8 @@ def health(
         rows.extend(found)
         unreadable.extend(failed)
     order = {s.name: i for i, s in enumerate(chosen)}
-    findings = sorted([*unreadable, *find(rows, limits)], key=lambda f: order[f.step_name])
+    found = [*unreadable, *_unpaired(pairings, chosen), *find(rows, limits)]
+    findings = sorted(found, key=lambda f: order[f.step_name])
     return HealthReport(ck.location, tuple(chosen), tuple(rows), tuple(findings), limits)
 
 
@@ -293,30 +297,6 @@ def _floating(entry: Entry) -> bool:
     return entry.dtype is not None and ("float" in entry.dtype or entry.dtype.startswith("bf"))
 
 
-@dataclass(frozen=True)
-class _Adam:
-    """One parameter's Adam state entries and hyper-parameters in one step."""
-
-    states: dict[str, str]  # state name -> key
-    hyper: dict[str, str]  # lr / betas / eps -> key
-
-
-def _optimizer(ck: Checkpoint) -> dict[str, _Adam]:
-    """Canonical parameter name -> its optimizer state and hyper-parameter keys."""
-    entries = ck.entries()
-    fqns = {fqn for e in entries if (fqn := model_fqn(e)) is not None}
-    found: dict[str, _Adam] = {}
-    for entry in entries:
-        ref = optimizer_ref(entry)
-        fqn = resolve_optimizer_fqn(ref, fqns) if ref is not None else None
-        if ref is None or fqn is None:
-            continue
-        adam = found.setdefault(canonical_fqn(fqn), _Adam({}, {}))
-        target = adam.states if ref.section == "state" else adam.hyper
-        target[state_name(ref, fqn)] = entry.key
-    return found
-
-
 # --- one parameter through the steps -------------------------------------------------------
 def _walk(
     name: str,
@@ -358,6 +338,14 @@ def _walk(
         previous, previous_l2 = current, row.l2
         counter.step(row.numel)
     return rows, unreadable
+
+
+def _unpaired(pairings: Sequence[Pairing], chosen: Sequence[Step]) -> list[HealthFinding]:
+    return [
+        HealthFinding("cannot-pair", step.number, step.name, None, None, float(u.count), u.message)
+        for pairing, step in zip(pairings, chosen, strict=True)
+        for u in pairing.unpaired
+    ]
 
 
 def _unreadable(name: str, step: Step, what: str, exc: InspectorError) -> HealthFinding:
@@ -450,7 +438,7 @@ def _moments(ck: Checkpoint, adam: _Adam | None) -> dict[str, Any]:
     if adam is None:
         return {}
     found: dict[str, Any] = {}
-    step = _scalar(ck, adam.states.get("step"))
+    step = _float(adam.value(ck, "step"))
     found["optimizer_step"] = step
     m_key, v_key = adam.states.get("exp_avg"), adam.states.get("exp_avg_sq")
     if m_key is None or v_key is None:
@@ -461,7 +449,7 @@ def _moments(ck: Checkpoint, adam: _Adam | None) -> dict[str, Any]:
     found["exp_avg_sq_rms"] = _rms(v)
     zeros = v.numel() - int(torch.count_nonzero(v))
     found["second_moment_zero_fraction"] = zeros / v.numel() if v.numel() else 0.0
-    lr, betas, eps = (_object(ck, adam.hyper.get(h)) for h in ("lr", "betas", "eps"))
+    lr, betas, eps = (adam.value(ck, h) for h in ("lr", "betas", "eps"))
     if None in (lr, betas, eps, step) or not step:
         return found
     beta1, beta2 = (float(b) for b in betas)
@@ -476,16 +464,8 @@ def _rms(value: torch.Tensor) -> float:
     return _norm(value)[0] / math.sqrt(n) if n else 0.0
 
 
-def _scalar(ck: Checkpoint, key: str | None) -> float | None:
-    value = _object(ck, key)
+def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float, torch.Tensor)) else None
-
-
-def _object(ck: Checkpoint, key: str | None) -> Any:
-    if key is None:
-        return None
-    entry = ck.entry(key)
-    return ck.read(key) if entry.kind == "tensor" else ck.read_object(key)
 
 
 def _replace(row: ParamHealth, **changes: Any) -> ParamHealth:

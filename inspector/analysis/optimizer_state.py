@@ -1,0 +1,223 @@
+"""Which Adam state belongs to which model parameter, for run health: entries that name the
+parameter (torchtitan, torch DCP, Megatron's ``state.exp_avg.<fqn>``), or a plain
+``optimizer.state_dict()`` that numbers them (HF Trainer's ``optimizer.pt``, Lightning's
+``optimizer_states``). A number is paired with a parameter only where the checkpoint says
+which one it is: the ``param_names`` torch records for an optimizer built from named
+parameters, or a shape only one parameter and one state have. The rest stay unpaired (and
+are reported), never guessed from an assumed parameter order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from inspector.checkpoint import Checkpoint
+from inspector.entry import Entry
+from inspector.errors import InspectorError
+from inspector.keys.optimizer import (
+    IndexedRef,
+    indexed_ref,
+    optimizer_ref,
+    resolve_optimizer_fqn,
+    state_name,
+)
+from inspector.keys.spellings import canonical_fqn, model_fqn
+
+HYPER = ("lr", "betas", "eps")
+
+
+@dataclass(frozen=True)
+class Adam:
+    """One parameter's Adam state in one step: ``states`` (exp_avg, exp_avg_sq, step -> key),
+    ``hyper`` (lr, betas, eps -> key) and ``values`` (step or hyper-parameters the producer
+    keeps once for all parameters, already read)."""
+
+    states: dict[str, str]
+    hyper: dict[str, str]
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def value(self, ck: Checkpoint, name: str) -> Any:
+        """``step``, ``lr``, ``betas`` or ``eps``: kept for all, or read from its entry."""
+        if name in self.values:
+            return self.values[name]
+        key = self.states.get(name) if name == "step" else self.hyper.get(name)
+        if key is None:
+            return None
+        return ck.read(key) if ck.entry(key).kind == "tensor" else ck.read_object(key)
+
+
+@dataclass(frozen=True)
+class Unpaired:
+    """Optimizer state kept by parameter number that names no parameter soundly."""
+
+    optimizer: str  # the state dict's key prefix
+    count: int
+    of: int
+
+    @property
+    def message(self) -> str:
+        where = self.optimizer or "the optimizer"
+        return (
+            f"{where}: the Adam state of {self.count} of {self.of} parameters is kept by "
+            "number, and nothing in the checkpoint says which parameter each is (no "
+            "param_names, shapes shared): their moments are not shown"
+        )
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """Canonical parameter name -> its Adam state, and what could not be paired."""
+
+    params: dict[str, Adam]
+    unpaired: tuple[Unpaired, ...] = ()
+
+
+def pair_optimizer(ck: Checkpoint) -> Pairing:
+    """The Adam state of each model parameter in ``ck`` (see the module's docstring)."""
+    entries = ck.entries()
+    params = {
+        fqn: e
+        for e in entries
+        if e.kind == "tensor" and (fqn := model_fqn(e)) is not None and _floating(e)
+    }
+    found = _named(ck, entries, set(params))
+    indexed, unpaired = _indexed(ck, entries, params)
+    found.update(indexed)
+    shared = _common(ck, entries)
+    if shared:
+        found = {name: Adam(a.states, a.hyper, {**shared, **a.values}) for name, a in found.items()}
+    return Pairing(found, tuple(unpaired))
+
+
+def _named(ck: Checkpoint, entries: list[Entry], fqns: set[str]) -> dict[str, Adam]:
+    first = ck.profile.state_first
+    found: dict[str, Adam] = {}
+    for entry in entries:
+        ref = optimizer_ref(entry)
+        fqn = resolve_optimizer_fqn(ref, fqns, state_first=first) if ref is not None else None
+        if ref is None or fqn is None:
+            continue
+        adam = found.setdefault(canonical_fqn(fqn), Adam({}, {}))
+        target = adam.states if ref.section == "state" else adam.hyper
+        target[state_name(ref, fqn, state_first=first)] = entry.key
+    return found
+
+
+def _common(ck: Checkpoint, entries: list[Entry]) -> dict[str, Any]:
+    """Step and hyper-parameters the producer keeps once in a common-state object: the step
+    always, lr / betas / eps only when every parameter group has the same (groups there do
+    not say which parameters they hold)."""
+    name = ck.profile.common_optimizer
+    key = next((e.key for e in entries if name and e.key.split("/")[0] == name), None)
+    if key is None:
+        return {}
+    try:
+        common = ck.read_object(key)
+    except InspectorError:
+        return {}
+    optimizer = common.get("optimizer") if isinstance(common, dict) else None
+    if not isinstance(optimizer, dict):
+        return {}
+    values: dict[str, Any] = {}
+    step = (optimizer.get("state") or {}).get("common_step")
+    if step is not None:
+        values["step"] = float(step)
+    groups = [g for g in optimizer.get("param_groups") or () if isinstance(g, dict)]
+    for hyper in HYPER:
+        seen = {repr(g.get(hyper)) for g in groups}
+        if groups and len(seen) == 1 and groups[0].get(hyper) is not None:
+            values[hyper] = groups[0][hyper]
+    return values
+
+
+@dataclass
+class _Numbered:
+    """One index-keyed optimizer: state fields by parameter number, group fields by group."""
+
+    states: dict[int, dict[str, Entry]] = field(default_factory=dict)
+    groups: dict[int, dict[str, Entry]] = field(default_factory=dict)
+
+
+def _indexed(
+    ck: Checkpoint, entries: list[Entry], params: dict[str, Entry]
+) -> tuple[dict[str, Adam], list[Unpaired]]:
+    optimizers: dict[tuple[object, ...], _Numbered] = {}
+    for entry in entries:
+        ref = indexed_ref(entry)
+        if ref is not None:
+            _file(optimizers.setdefault(ref.prefix, _Numbered()), ref, entry)
+    shapes = Counter(tuple(e.shape or ()) for e in params.values())
+    state_shapes = Counter(
+        _shape(fields) for o in optimizers.values() for fields in o.states.values()
+    )
+    by_shape = {s: fqn for fqn, e in params.items() if shapes[s := tuple(e.shape or ())] == 1}
+    by_name = {canonical_fqn(fqn): fqn for fqn in params}
+    found: dict[str, Adam] = {}
+    unpaired = []
+    for prefix, optimizer in optimizers.items():
+        group_of, recorded = _members(ck, optimizer)
+        missing = 0
+        for index, fields in optimizer.states.items():
+            shape = _shape(fields)
+            named = recorded.get(index)
+            if named is not None:
+                fqn = by_name.get(canonical_fqn(named))
+                fqn = fqn if fqn is not None and tuple(params[fqn].shape or ()) == shape else None
+            else:
+                fqn = by_shape.get(shape) if state_shapes[shape] == 1 else None
+            if fqn is None:
+                missing += 1
+                continue
+            group = optimizer.groups.get(group_of.get(index, -1), {})
+            found[canonical_fqn(fqn)] = Adam(
+                {n: e.key for n, e in fields.items()},
+                {h: group[h].key for h in HYPER if h in group},
+            )
+        if missing:
+            name = ".".join(str(p) for p in prefix)
+            unpaired.append(Unpaired(name, missing, len(optimizer.states)))
+    return found, unpaired
+
+
+def _floating(entry: Entry) -> bool:
+    dtype = entry.dtype or ""
+    return "float" in dtype or dtype.startswith("bf")
+
+
+def _file(optimizer: _Numbered, ref: IndexedRef, entry: Entry) -> None:
+    side = optimizer.states if ref.section == "state" else optimizer.groups
+    side.setdefault(ref.index, {})[ref.name] = entry
+
+
+def _shape(fields: dict[str, Entry]) -> tuple[int, ...] | None:
+    moment = fields.get("exp_avg")
+    return tuple(moment.shape) if moment is not None and moment.shape is not None else None
+
+
+def _members(ck: Checkpoint, optimizer: _Numbered) -> tuple[dict[int, int], dict[int, str]]:
+    """Parameter number -> its group, and -> the name torch recorded for it (``param_names``,
+    kept when the optimizer was built from ``named_parameters()``)."""
+    group_of: dict[int, int] = {}
+    recorded: dict[int, str] = {}
+    for g, fields in optimizer.groups.items():
+        numbers = _list(ck, fields.get("params"))
+        names = _list(ck, fields.get("param_names"))
+        for i, number in enumerate(numbers):
+            if not isinstance(number, int):
+                continue
+            group_of[number] = g
+            if len(names) == len(numbers) and isinstance(names[i], str):
+                recorded[number] = names[i]
+    return group_of, recorded
+
+
+def _list(ck: Checkpoint, entry: Entry | None) -> list[Any]:
+    if entry is None or entry.kind != "object":
+        return []
+    try:
+        value = ck.read_object(entry.key)
+    except InspectorError:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else []

@@ -238,8 +238,8 @@ def health(
         rows.extend(found)
         unreadable.extend(failed)
     order = {s.name: i for i, s in enumerate(chosen)}
-    found = [*unreadable, *_unpaired(pairings, chosen), *find(rows, limits)]
-    findings = sorted(found, key=lambda f: order[f.step_name])
+    judged = [*unreadable, *_unpaired(pairings, chosen), *find(rows, limits)]
+    findings = sorted(judged, key=lambda f: order[f.step_name])
     return HealthReport(ck.location, tuple(chosen), tuple(rows), tuple(findings), limits)
 
 

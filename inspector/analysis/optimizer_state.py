@@ -166,7 +166,9 @@ def _indexed(
                 fqn = by_name.get(canonical_fqn(named))
                 fqn = fqn if fqn is not None and tuple(params[fqn].shape or ()) == shape else None
             else:
-                fqn = by_shape.get(shape) if state_shapes[shape] == 1 else None
+                fqn = (
+                    by_shape.get(shape) if shape is not None and state_shapes[shape] == 1 else None
+                )
             if fqn is None:
                 missing += 1
                 continue

@@ -1,7 +1,9 @@
 """Which Adam state belongs to which model parameter, for run health: entries that name the
 parameter (torchtitan, torch DCP, Megatron's ``state.exp_avg.<fqn>``), or a plain
 ``optimizer.state_dict()`` that numbers them (HF Trainer's ``optimizer.pt``, Lightning's
-``optimizer_states``). A number is paired with a parameter only where the checkpoint says
+``optimizer_states``), looked at only when no entry names a parameter (a format may show
+both: DeepSpeed's flat partitions, and the per-parameter state it rebuilds from them).
+A number is paired with a parameter only where the checkpoint says
 which one it is: the ``param_names`` torch records for an optimizer built from named
 parameters, or a shape only one parameter and one state have. The rest stay unpaired (and
 are reported), never guessed from an assumed parameter order.
@@ -83,8 +85,9 @@ def pair_optimizer(ck: Checkpoint) -> Pairing:
         if e.kind == "tensor" and (fqn := model_fqn(e)) is not None and _floating(e)
     }
     found = _named(ck, entries, set(params))
-    indexed, unpaired = _indexed(ck, entries, params)
-    found.update(indexed)
+    unpaired: list[Unpaired] = []
+    if not found:  # numbered state beside named state is the same state, as stored
+        found, unpaired = _indexed(ck, entries, params)
     shared = _common(ck, entries)
     if shared:
         found = {name: Adam(a.states, a.hyper, {**shared, **a.values}) for name, a in found.items()}

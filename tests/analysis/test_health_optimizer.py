@@ -1,7 +1,7 @@
 """Run health's Adam numbers on the optimizer layouts of real trainers (HF Trainer, Lightning,
-Megatron-Core): the moments' RMS, the effective step and the step counters against torch's
-computations on the state the producer's own files load to, and numbered state paired only
-where the checkpoint says which parameter it is."""
+Megatron-Core, DeepSpeed ZeRO 1-3): the moments' RMS, the effective step and the step
+counters against torch's computations on the state the producer's own files load to, and
+numbered state paired only where the checkpoint says which parameter it is."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import inspector
 from inspector.analysis.health import HealthReport, ParamHealth, health
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HF = FIXTURES / "hf_trainer"
 LIGHTNING = FIXTURES / "lightning_run"
 MEGATRON = FIXTURES / "megatron"
+DEEPSPEED = FIXTURES / "deepspeed"
 # Net's parameters in its named_parameters() order (tests/fixtures/lightning_run/generate.py)
 LIGHTNING_NAMES = [f"net.{i}.{p}" for i in (0, 2, 4, 6) for p in ("weight", "bias")]
 LIGHTNING_UNIQUE = {"net.0.weight", "net.6.weight", "net.6.bias"}  # the shapes no other has
@@ -113,4 +115,27 @@ def test_megatron_state_first_keys_and_common_step() -> None:
         for fqn in fqns:
             state = {s: held[f"optimizer.state.{s}.{fqn}"] for s in ("exp_avg", "exp_avg_sq")}
             _assert_adam(rows[fqn], state, group, float(step))
+    assert report.findings == ()
+
+
+@pytest.mark.parametrize("stage", ["zero1", "zero2", "zero3"])
+def test_deepspeed_state_rebuilt_from_the_ranks_partitions(stage: str) -> None:
+    """DeepSpeed ZeRO (tests/fixtures/deepspeed/generate.py: AdamW lr 1e-2, torch's betas and
+    eps, 2 steps): each parameter's moments as DeepSpeed's own universal-checkpoint converter
+    splits them (moments.py), bit for bit, and the numbers health derives from them."""
+    held = load_file(DEEPSPEED / f"{stage}.moments.safetensors")
+    group = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8}
+    ck = inspector.open(DEEPSPEED / stage)
+    report = health(ck)
+    rows = _rows(report, "global_step2")
+    names = sorted({k.rsplit(".", 1)[0] for k in held if k.endswith(".exp_avg")})
+    assert len(names) == 10  # every trained parameter (the frozen norm and the tied head: none)
+    for name in names:
+        state = {s: held[f"{name}.{s}"] for s in ("exp_avg", "exp_avg_sq")}
+        for s, value in state.items():
+            assert torch.equal(ck.read(f"optimizer.state.{name}.{s}").flatten(), value.flatten())
+        step = float(held.get(f"{name}.step", torch.tensor(2.0)))
+        _assert_adam(rows[name.removeprefix("model.")], state, group, step)
+    with_state = {key for key, row in rows.items() if row.exp_avg_rms is not None}
+    assert with_state == {name.removeprefix("model.") for name in names}
     assert report.findings == ()

@@ -109,9 +109,9 @@ def _named(ck: Checkpoint, entries: list[Entry], fqns: set[str]) -> dict[str, Ad
 
 
 def _common(ck: Checkpoint, entries: list[Entry]) -> dict[str, Any]:
-    """Step and hyper-parameters the producer keeps once in a common-state object: the step
-    always, lr / betas / eps only when every parameter group has the same (groups there do
-    not say which parameters they hold)."""
+    """Step and hyper-parameters the producer keeps once in a common-state object (the step
+    as ``state.common_step``, or in each group), each only when every parameter group has the
+    same (the groups there do not say which parameters they hold)."""
     name = ck.profile.common_optimizer
     key = next((e.key for e in entries if name and e.key.split("/")[0] == name), None)
     if key is None:
@@ -121,18 +121,24 @@ def _common(ck: Checkpoint, entries: list[Entry]) -> dict[str, Any]:
     except InspectorError:
         return {}
     optimizer = common.get("optimizer") if isinstance(common, dict) else None
+    while isinstance(optimizer, dict) and "param_groups" not in optimizer:
+        optimizer = optimizer.get("optimizer")  # the distributed optimizer nests it once more
     if not isinstance(optimizer, dict):
         return {}
-    values: dict[str, Any] = {}
+    groups = [g for g in optimizer.get("param_groups") or () if isinstance(g, dict)]
+    values = {h: v for h in (*HYPER, "step") if (v := _shared(groups, h)) is not None}
     step = (optimizer.get("state") or {}).get("common_step")
     if step is not None:
-        values["step"] = float(step)
-    groups = [g for g in optimizer.get("param_groups") or () if isinstance(g, dict)]
-    for hyper in HYPER:
-        seen = {repr(g.get(hyper)) for g in groups}
-        if groups and len(seen) == 1 and groups[0].get(hyper) is not None:
-            values[hyper] = groups[0][hyper]
+        values["step"] = step
+    if "step" in values:
+        values["step"] = float(values["step"])
     return values
+
+
+def _shared(groups: list[dict[str, Any]], name: str) -> Any:
+    """The groups' ``name``, when they all have the same; else None."""
+    seen = {repr(g.get(name)) for g in groups}
+    return groups[0].get(name) if groups and len(seen) == 1 else None
 
 
 @dataclass

@@ -48,8 +48,9 @@ class Producer:
       FQN (Megatron: ``optimizer.state.exp_avg.<fqn>``); ``param_states``: the states every
       trained parameter has (None: judged from the names seen, Adam's three when present);
       ``common_optimizer``: the key of the object entry whose ``["optimizer"]`` keeps the
-      optimizer's ``param_groups`` (lr, betas, eps) and shared step (``state.common_step``),
-      where the per-parameter entries keep only the moments (Megatron's common state).
+      optimizer's ``param_groups`` (lr, betas, eps) and step (``state.common_step``, or each
+      group's), where the per-parameter entries keep only the moments (Megatron's common
+      state; its distributed optimizer nests them under a second ``["optimizer"]``).
     - ``component_files``: file patterns of a folder saved one file per component (HF
       Trainer, accelerate) -> the component each holds.
     - ``prefixes``: nested-path heads -> what they mean for this producer; ``layouts``:

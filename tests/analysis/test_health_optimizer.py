@@ -139,3 +139,28 @@ def test_deepspeed_state_rebuilt_from_the_ranks_partitions(stage: str) -> None:
     with_state = {key for key, row in rows.items() if row.exp_avg_rms is not None}
     assert with_state == {name.removeprefix("model.") for name in names}
     assert report.findings == ()
+
+
+def test_megatron_distributed_optimizer_state() -> None:
+    """distopt/: the same Megatron run with ``--use-distributed-optimizer`` (state saved
+    fully reshardable: per parameter, the step in each parameter group); the moments as
+    torch's DCP reader loads them, lr / betas / eps as the same schedule's (run/'s)."""
+    import torch.distributed.checkpoint as dcp
+
+    report = health(MEGATRON / "distopt")
+    assert [s.name for s in report.steps] == ["iter_0000001", "iter_0000003"]
+    for name, iteration in (("iter_0000001", 1), ("iter_0000003", 3)):
+        folder = MEGATRON / "distopt" / name
+        stored = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+        wanted = {k: v for k, v in stored.items() if k.startswith("optimizer.state.exp_avg")}
+        loaded = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in wanted.items()}
+        dcp.load(loaded, checkpoint_id=folder)
+        common = json.loads((MEGATRON / "expected" / f"run_{name}.json").read_text())
+        group = common["common_state"]["optimizer"]["param_groups"][0]
+        rows = _rows(report, name)
+        fqns = [k.removeprefix("optimizer.state.exp_avg.") for k in loaded if ".exp_avg." in k]
+        assert sorted(fqns) == sorted(rows) and len(fqns) == 9
+        for fqn in fqns:
+            state = {s: loaded[f"optimizer.state.{s}.{fqn}"] for s in ("exp_avg", "exp_avg_sq")}
+            _assert_adam(rows[fqn], state, group, float(iteration))
+    assert report.findings == ()

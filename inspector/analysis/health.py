@@ -341,11 +341,23 @@ def _walk(
 
 
 def _unpaired(pairings: Sequence[Pairing], chosen: Sequence[Step]) -> list[HealthFinding]:
-    return [
-        HealthFinding("cannot-pair", step.number, step.name, None, None, float(u.count), u.message)
-        for pairing, step in zip(pairings, chosen, strict=True)
-        for u in pairing.unpaired
-    ]
+    """Optimizer state that names no parameter, or cannot be read, per step."""
+    found = []
+    for pairing, step in zip(pairings, chosen, strict=True):
+        found += [
+            HealthFinding(
+                "cannot-pair", step.number, step.name, None, None, float(u.count), u.message
+            )
+            for u in pairing.unpaired
+        ]
+        found += [
+            HealthFinding(
+                "unreadable", step.number, step.name, None, None, None,
+                f"the optimizer state cannot be read at {step.name}: {error}",
+            )
+            for error in pairing.damaged
+        ]  # fmt: skip
+    return found
 
 
 def _unreadable(name: str, step: Step, what: str, exc: InspectorError) -> HealthFinding:

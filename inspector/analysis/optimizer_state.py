@@ -11,6 +11,7 @@ are reported), never guessed from an assumed parameter order.
 
 from __future__ import annotations
 
+import fnmatch
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,10 +71,12 @@ class Unpaired:
 
 @dataclass(frozen=True)
 class Pairing:
-    """Canonical parameter name -> its Adam state, and what could not be paired."""
+    """Canonical parameter name -> its Adam state, what could not be paired, and why the
+    optimizer's stored entries that cannot be read cannot (``damaged``)."""
 
     params: dict[str, Adam]
     unpaired: tuple[Unpaired, ...] = ()
+    damaged: tuple[str, ...] = ()
 
 
 def pair_optimizer(ck: Checkpoint) -> Pairing:
@@ -91,7 +94,18 @@ def pair_optimizer(ck: Checkpoint) -> Pairing:
     shared = _common(ck, entries)
     if shared:
         found = {name: Adam(a.states, a.hyper, {**shared, **a.values}) for name, a in found.items()}
-    return Pairing(found, tuple(unpaired))
+    return Pairing(found, tuple(unpaired), _damaged(ck, entries))
+
+
+def _damaged(ck: Checkpoint, entries: list[Entry]) -> tuple[str, ...]:
+    """The errors of optimizer entries (or of the files the producer keeps it in)."""
+    files = [p for p, c in ck.profile.component_files.items() if c == "optimizer"]
+    return tuple(
+        e.error
+        for e in entries
+        if e.error
+        and (e.component == "optimizer" or any(fnmatch.fnmatchcase(e.key, p) for p in files))
+    )
 
 
 def _named(ck: Checkpoint, entries: list[Entry], fqns: set[str]) -> dict[str, Adam]:

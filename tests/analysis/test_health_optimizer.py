@@ -6,6 +6,7 @@ numbered state paired only where the checkpoint says which parameter it is."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,21 @@ def test_megatron_distributed_optimizer_state() -> None:
             state = {s: loaded[f"optimizer.state.{s}.{fqn}"] for s in ("exp_avg", "exp_avg_sq")}
             _assert_adam(rows[fqn], state, group, float(iteration))
     assert report.findings == ()
+
+
+def test_a_damaged_optimizer_file_is_an_error_the_rest_is_reported(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(HF / "named_run", run)
+    damaged = run / "checkpoint-4" / "optimizer.pt"
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    report = health(run)
+    (finding,) = report.findings
+    assert (finding.kind, finding.severity, finding.step_name) == (
+        "unreadable",
+        "error",
+        "checkpoint-4",
+    )
+    assert "optimizer.pt" in finding.message and "torch.save archive" in finding.message
+    assert all(r.exp_avg_rms is not None for r in report.rows if r.step_name == "checkpoint-2")
+    assert all(r.exp_avg_rms is None for r in report.rows if r.step_name == "checkpoint-4")
+    assert len(report.rows) == 42  # the weights of both steps

@@ -98,6 +98,17 @@ def test_lightning_state_paired_by_unique_shapes(step: int) -> None:
     assert "optimizer_states.0" in unpaired.message and "5 of 8" in unpaired.message
 
 
+def _assert_megatron(
+    rows: dict[str, ParamHealth], held: dict[str, torch.Tensor], group: dict, step: float
+) -> None:
+    """Every parameter's row against Megatron's ``optimizer.state.<name>.<fqn>`` tensors."""
+    fqns = [k.removeprefix("optimizer.state.exp_avg.") for k in held if ".exp_avg." in k]
+    assert sorted(fqns) == sorted(rows) and len(fqns) == 9
+    for fqn in fqns:
+        state = {s: held[f"optimizer.state.{s}.{fqn}"] for s in ("exp_avg", "exp_avg_sq")}
+        _assert_adam(rows[fqn], state, group, step)
+
+
 def test_megatron_state_first_keys_and_common_step() -> None:
     """Megatron-Core torch_dist (tests/fixtures/megatron/generate.py): moments under
     ``optimizer.state.<name>.<fqn>``, the step and hyper-parameters once in the common state."""
@@ -109,13 +120,7 @@ def test_megatron_state_first_keys_and_common_step() -> None:
         optimizer = common["common_state"]["optimizer"]
         step = optimizer["state"]["common_step"]["values"]
         assert step == iteration
-        group = optimizer["param_groups"][0]
-        rows = _rows(report, name)
-        fqns = [k.removeprefix("optimizer.state.exp_avg.") for k in held if ".exp_avg." in k]
-        assert sorted(fqns) == sorted(rows) and len(fqns) == 9
-        for fqn in fqns:
-            state = {s: held[f"optimizer.state.{s}.{fqn}"] for s in ("exp_avg", "exp_avg_sq")}
-            _assert_adam(rows[fqn], state, group, float(step))
+        _assert_megatron(_rows(report, name), held, optimizer["param_groups"][0], float(step))
     assert report.findings == ()
 
 
@@ -158,12 +163,7 @@ def test_megatron_distributed_optimizer_state() -> None:
         dcp.load(loaded, checkpoint_id=folder)
         common = json.loads((MEGATRON / "expected" / f"run_{name}.json").read_text())
         group = common["common_state"]["optimizer"]["param_groups"][0]
-        rows = _rows(report, name)
-        fqns = [k.removeprefix("optimizer.state.exp_avg.") for k in loaded if ".exp_avg." in k]
-        assert sorted(fqns) == sorted(rows) and len(fqns) == 9
-        for fqn in fqns:
-            state = {s: loaded[f"optimizer.state.{s}.{fqn}"] for s in ("exp_avg", "exp_avg_sq")}
-            _assert_adam(rows[fqn], state, group, float(iteration))
+        _assert_megatron(_rows(report, name), loaded, group, float(iteration))
     assert report.findings == ()
 
 

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from inspector import dtypes
 from inspector.checkpoint import Checkpoint
 from inspector.entry import Entry
 from inspector.errors import InspectorError
@@ -85,7 +86,7 @@ def pair_optimizer(ck: Checkpoint) -> Pairing:
     params = {
         fqn: e
         for e in entries
-        if e.kind == "tensor" and (fqn := model_fqn(e)) is not None and _floating(e)
+        if e.kind == "tensor" and (fqn := model_fqn(e)) is not None and _floating(e.dtype)
     }
     found = _named(ck, entries, set(params))
     unpaired: list[Unpaired] = []
@@ -163,6 +164,34 @@ class _Numbered:
     groups: dict[int, dict[str, Entry]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Model:
+    """The model's floating-point parameters: by canonical name, by a shape only one of them
+    has, and how many numbered states have each shape (``shared``)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    by_name: dict[str, str]
+    by_shape: dict[tuple[int, ...], str]
+    shared: Counter[tuple[int, ...] | None]
+
+    @classmethod
+    def of(cls, params: dict[str, Entry], shared: Counter[tuple[int, ...] | None]) -> _Model:
+        shapes = {fqn: tuple(e.shape or ()) for fqn, e in params.items()}
+        count = Counter(shapes.values())
+        by_shape = {shape: fqn for fqn, shape in shapes.items() if count[shape] == 1}
+        return cls(shapes, {canonical_fqn(f): f for f in shapes}, by_shape, shared)
+
+    def pair(self, recorded: str | None, shape: tuple[int, ...] | None) -> str | None:
+        """The parameter a numbered state belongs to: the one torch recorded the name of
+        (when its shape agrees), else the one parameter of the one state of that shape."""
+        if recorded is not None:
+            fqn = self.by_name.get(canonical_fqn(recorded))
+            return fqn if fqn is not None and self.shapes[fqn] == shape else None
+        if shape is None or self.shared[shape] != 1:
+            return None
+        return self.by_shape.get(shape)
+
+
 def _indexed(
     ck: Checkpoint, entries: list[Entry], params: dict[str, Entry]
 ) -> tuple[dict[str, Adam], list[Unpaired]]:
@@ -171,44 +200,29 @@ def _indexed(
         ref = indexed_ref(entry)
         if ref is not None:
             _file(optimizers.setdefault(ref.prefix, _Numbered()), ref, entry)
-    shapes = Counter(tuple(e.shape or ()) for e in params.values())
-    state_shapes = Counter(
-        _shape(fields) for o in optimizers.values() for fields in o.states.values()
-    )
-    by_shape = {s: fqn for fqn, e in params.items() if shapes[s := tuple(e.shape or ())] == 1}
-    by_name = {canonical_fqn(fqn): fqn for fqn in params}
+    shapes = Counter(_shape(f) for o in optimizers.values() for f in o.states.values())
+    model = _Model.of(params, shapes)
     found: dict[str, Adam] = {}
     unpaired = []
     for prefix, optimizer in optimizers.items():
         group_of, recorded = _members(ck, optimizer)
         missing = 0
         for index, fields in optimizer.states.items():
-            shape = _shape(fields)
-            named = recorded.get(index)
-            if named is not None:
-                fqn = by_name.get(canonical_fqn(named))
-                fqn = fqn if fqn is not None and tuple(params[fqn].shape or ()) == shape else None
-            else:
-                fqn = (
-                    by_shape.get(shape) if shape is not None and state_shapes[shape] == 1 else None
-                )
+            fqn = model.pair(recorded.get(index), _shape(fields))
             if fqn is None:
                 missing += 1
                 continue
             group = optimizer.groups.get(group_of.get(index, -1), {})
-            found[canonical_fqn(fqn)] = Adam(
-                {n: e.key for n, e in fields.items()},
-                {h: group[h].key for h in HYPER if h in group},
-            )
+            hyper = {h: group[h].key for h in HYPER if h in group}
+            found[canonical_fqn(fqn)] = Adam({n: e.key for n, e in fields.items()}, hyper)
         if missing:
             name = ".".join(str(p) for p in prefix)
             unpaired.append(Unpaired(name, missing, len(optimizer.states)))
     return found, unpaired
 
 
-def _floating(entry: Entry) -> bool:
-    dtype = entry.dtype or ""
-    return "float" in dtype or dtype.startswith("bf")
+def _floating(dtype: str | None) -> bool:
+    return dtypes.is_known(dtype) and dtypes.is_floating(str(dtype))
 
 
 def _file(optimizer: _Numbered, ref: IndexedRef, entry: Entry) -> None:

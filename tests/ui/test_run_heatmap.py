@@ -11,7 +11,7 @@ import ipywidgets as w
 import inspector
 from inspector.analysis.health import health
 from inspector.ui.widgets import Inspector
-from inspector.ui.widgets.run import RunPanel, cell_parameter
+from inspector.ui.widgets.run import RunPanel, cell_parameters
 from tests.conftest import FAULTS
 from tests.ui.test_widgets import errors_shown
 
@@ -55,7 +55,7 @@ def test_cells_show_the_metric_and_open_their_tensor_at_their_step(faulty_run: P
         before, after = (inspector.open(faulty_run / s).read(name) for s in ("step-20", "step-30"))
         ratios[name] = float((after - before).norm() / before.norm())
     expected = max(ratios, key=lambda k: ratios[k])
-    assert cell_parameter(report, group, "step-30", "update_ratio") == expected
+    assert cell_parameters(report, "update_ratio")[(group, "step-30")] == expected
 
     spiked.click()
     assert errors_shown(app) == ""

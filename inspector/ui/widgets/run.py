@@ -15,7 +15,7 @@ from inspector.analysis.comparison import Comparison, compare
 from inspector.analysis.health import METRICS, HealthReport, ParamHealth, health
 from inspector.checkpoint import Checkpoint
 from inspector.formats.base import Step
-from inspector.ui.views.plots import png
+from inspector.ui.views.plots import bounded_label, png
 from inspector.ui.widgets.compare import comparison_html
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.jobs import JobBar
@@ -25,25 +25,22 @@ FINDING_COLUMNS = ("severity", "step", "layer", "kind", "message")
 ROWS_SHOWN = 200
 CELL_GROUPS = 200  # heatmap rows given clickable cells
 CELL_WIDTH = "64px"
-LABEL_CHARS = 40
 
 
-def cell_parameter(report: HealthReport, group: str, step_name: str, metric: str) -> str | None:
-    """The parameter a heatmap cell opens: of the group's parameters at that step, the one
-    with the largest ``metric`` (the one that drives the cell); None for an empty cell."""
-    members = [r for r in report.rows if r.group == group and r.step_name == step_name]
-    if not members:
-        return None
-    return max(members, key=lambda r: _value(r, metric)).key
+def cell_parameters(report: HealthReport, metric: str) -> dict[tuple[str, str], str]:
+    """(group, step name) -> the parameter its heatmap cell opens: of the group's parameters
+    at that step, the one with the largest ``metric`` (the one that drives the cell)."""
+    best: dict[tuple[str, str], ParamHealth] = {}
+    for row in report.rows:
+        cell = (row.group, row.step_name)
+        if cell not in best or _value(row, metric) > _value(best[cell], metric):
+            best[cell] = row
+    return {cell: row.key for cell, row in best.items()}
 
 
 def _value(row: ParamHealth, metric: str) -> float:
     value = getattr(row, metric)
     return -math.inf if value is None or math.isnan(value) else float(value)
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "\u2026"
 
 
 def _colours(values: list[list[float]]) -> list[list[str]]:
@@ -151,13 +148,14 @@ class RunPanel(w.VBox):
         """The heatmap as a grid of buttons, one per (group, step): a click opens the tensor."""
         groups, names, values = report.grid(metric)
         groups, values = groups[:CELL_GROUPS], values[:CELL_GROUPS]
-        colours = _colours(values)
+        colours, keys = _colours(values), cell_parameters(report, metric)
+        steps = {s.name: s for s in self.steps}
         children: list[w.Widget] = [w.Label("click a cell to open it")]
-        children += [w.Label(_short(n)) for n in names]
+        children += [w.Label(bounded_label(n)) for n in names]
         for group, row, shades in zip(groups, values, colours, strict=True):
-            children.append(w.Label(_short(group)))
+            children.append(w.Label(bounded_label(group)))
             children += [
-                self._cell(report, group, name, metric, value, shade)
+                self._cell(keys.get((group, name)), steps[name], f"{group}, {metric}", value, shade)
                 for name, value, shade in zip(names, row, shades, strict=True)
             ]
         self.cells.children = children
@@ -165,19 +163,17 @@ class RunPanel(w.VBox):
             grid_template_columns=f"auto repeat({len(names)}, {CELL_WIDTH})", grid_gap="1px"
         )
 
-    def _cell(
-        self, report: HealthReport, group: str, name: str, metric: str, value: float, shade: str
-    ) -> w.Button:
-        key = cell_parameter(report, group, name, metric)
+    def _cell(self, key: str | None, step: Step, what: str, value: float, shade: str) -> w.Button:
+        """One cell: ``value`` on its colour (``what``: the group and metric, for its tooltip);
+        a click opens ``key`` at ``step``."""
         shown = f"{value:.2g}" if math.isfinite(value) else "-"
         button = w.Button(
             description=shown,
-            tooltip=f"{group} at {name}: {metric} = {shown}; click to open {key}",
+            tooltip=f"{what} at {step.name} = {shown}; click to open {key}",
             disabled=key is None,
             layout=w.Layout(width=CELL_WIDTH, height="22px", padding="0"),
             style={"button_color": shade, "font_size": "10px"},
         )
-        step = next(s for s in self.steps if s.name == name)
         if key is not None:
             button.on_click(
                 self.errors.guard("Opening the cell")(lambda _: self.open_cell(step, key))

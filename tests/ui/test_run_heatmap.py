@@ -47,6 +47,8 @@ def test_cells_show_the_metric_and_open_their_tensor_at_their_step(faulty_run: P
     assert cell.description == f"{norms[groups.index('layer 0')][0]:.2g}"
     assert "l2" in cell.tooltip and "layers.0." in cell.tooltip
     app.run.metric.value = "update_ratio"
+    assert spiked.comm is None  # the cells of a metric shown before are closed
+    spiked = _cell(app.run, group, "step-30")
 
     # the layer's parameter with the larger update ratio at step-30, as torch computes it
     ratios = {}

@@ -158,6 +158,8 @@ class RunPanel(w.VBox):
                 self._cell(keys.get((group, name)), steps[name], f"{group}, {metric}", value, shade)
                 for name, value, shade in zip(names, row, shades, strict=True)
             ]
+        for old in self.cells.children:  # the last metric's cells, freed in the kernel
+            old.close()
         self.cells.children = children
         self.cells.layout = w.Layout(
             grid_template_columns=f"auto repeat({len(names)}, {CELL_WIDTH})", grid_gap="1px"

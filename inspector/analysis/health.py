@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from inspector.analysis import health_pass
+from inspector.analysis.optimizer_state import Adam as _Adam
+from inspector.analysis.optimizer_state import Pairing, pair_optimizer
 from inspector.analysis.stats import layer_index, layer_name
 from inspector.checkpoint import Checkpoint, as_checkpoint
 from inspector.entry import Entry
 from inspector.errors import InspectorError, MissingKeyError, UsageError
 from inspector.formats.base import Step
-from inspector.keys.optimizer import optimizer_ref, resolve_optimizer_fqn, state_name
 from inspector.keys.spellings import canonical_fqn, model_fqn
 from inspector.progress import Counter, ProgressFn
 
@@ -53,6 +54,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "zero-second-moment": ("warning", "exp_avg_sq all zero: no gradient ever reached it"),
     "dead-rows": ("warning", "rows (or columns) of a matrix that are all zero"),
     "outlier-channels": ("warning", "channels whose max |w| is channel_outlier x the median"),
+    "cannot-pair": ("info", "optimizer state kept by number that names no parameter soundly"),
 }
 METRICS = (
     "l2",
@@ -227,7 +229,8 @@ def health(
     chosen = _chosen_steps(ck, steps)
     opened = [_open_step(ck, s, storage_options) for s in chosen]
     params = _parameters(opened, keys)
-    optimizer = [_optimizer(c) for c in opened]
+    pairings = [pair_optimizer(c) for c in opened]
+    optimizer = [p.params for p in pairings]
     sizes = {
         name: sum(
             c.entry(key).numel for c, key in zip(opened, per_step, strict=True) if key is not None
@@ -240,7 +243,7 @@ def health(
         from inspector.analysis import health_workers
 
         walked = health_workers.walk(
-            workers, chosen, storage_options, params, sizes, counter, limits, (_walk, _optimizer)
+            workers, chosen, storage_options, params, sizes, counter, limits, (_walk, _paired)
         )
     else:
         with health_pass.one_thread():
@@ -251,7 +254,8 @@ def health(
     rows = [row for found, _ in walked for row in found]
     unreadable = [finding for _, failed in walked for finding in failed]
     order = {s.name: i for i, s in enumerate(chosen)}
-    findings = sorted([*unreadable, *find(rows, limits)], key=lambda f: order[f.step_name])
+    judged = [*unreadable, *_unpaired(pairings, chosen), *find(rows, limits)]
+    findings = sorted(judged, key=lambda f: order[f.step_name])
     return HealthReport(ck.location, tuple(chosen), tuple(rows), tuple(findings), limits)
 
 
@@ -276,6 +280,11 @@ def _open_step(ck: Checkpoint, step: Step, storage_options: Mapping[str, Any] | 
     from inspector.checkpoint import open as open_checkpoint
 
     return open_checkpoint(step.location, storage_options)
+
+
+def _paired(ck: Checkpoint) -> dict[str, _Adam]:
+    """A step's Adam state by parameter (the worker processes' lister)."""
+    return pair_optimizer(ck).params
 
 
 def _parameters(
@@ -307,30 +316,6 @@ def stored_key(ck: Checkpoint, name: str) -> str:
 
 def _floating(entry: Entry) -> bool:
     return entry.dtype is not None and ("float" in entry.dtype or entry.dtype.startswith("bf"))
-
-
-@dataclass(frozen=True)
-class _Adam:
-    """One parameter's Adam state entries and hyper-parameters in one step."""
-
-    states: dict[str, str]  # state name -> key
-    hyper: dict[str, str]  # lr / betas / eps -> key
-
-
-def _optimizer(ck: Checkpoint) -> dict[str, _Adam]:
-    """Canonical parameter name -> its optimizer state and hyper-parameter keys."""
-    entries = ck.entries()
-    fqns = {fqn for e in entries if (fqn := model_fqn(e)) is not None}
-    found: dict[str, _Adam] = {}
-    for entry in entries:
-        ref = optimizer_ref(entry)
-        fqn = resolve_optimizer_fqn(ref, fqns) if ref is not None else None
-        if ref is None or fqn is None:
-            continue
-        adam = found.setdefault(canonical_fqn(fqn), _Adam({}, {}))
-        target = adam.states if ref.section == "state" else adam.hyper
-        target[state_name(ref, fqn)] = entry.key
-    return found
 
 
 # --- one parameter through the steps -------------------------------------------------------
@@ -368,6 +353,26 @@ def _walk(
         rows.append(_replace(row, **moments))
         counter.step(row.numel)
     return rows, unreadable
+
+
+def _unpaired(pairings: Sequence[Pairing], chosen: Sequence[Step]) -> list[HealthFinding]:
+    """Optimizer state that names no parameter, or cannot be read, per step."""
+    found = []
+    for pairing, step in zip(pairings, chosen, strict=True):
+        found += [
+            HealthFinding(
+                "cannot-pair", step.number, step.name, None, None, float(u.count), u.message
+            )
+            for u in pairing.unpaired
+        ]
+        found += [
+            HealthFinding(
+                "unreadable", step.number, step.name, None, None, None,
+                f"the optimizer state cannot be read at {step.name}: {error}",
+            )
+            for error in pairing.damaged
+        ]  # fmt: skip
+    return found
 
 
 def _unreadable(name: str, step: Step, what: str, exc: InspectorError) -> HealthFinding:
@@ -440,12 +445,12 @@ def _moments(ck: Checkpoint, adam: _Adam | None) -> dict[str, Any]:
     if adam is None:
         return {}
     found: dict[str, Any] = {}
-    step = _scalar(ck, adam.states.get("step"))
+    step = _float(adam.value(ck, "step"))
     found["optimizer_step"] = step
     m_key, v_key = adam.states.get("exp_avg"), adam.states.get("exp_avg_sq")
     if m_key is None or v_key is None:
         return found
-    lr, betas, eps = (_object(ck, adam.hyper.get(h)) for h in ("lr", "betas", "eps"))
+    lr, betas, eps = (adam.value(ck, h) for h in ("lr", "betas", "eps"))
     scale = _step_scale(lr, betas, eps, step)
     sums = health_pass.moments(ck, m_key, v_key, scale[0] if scale else None)
     n = sums.numel
@@ -467,16 +472,8 @@ def _step_scale(lr: Any, betas: Any, eps: Any, step: float | None) -> tuple[floa
     return float(eps) * root, float(lr) * root / (1 - beta1**step)
 
 
-def _scalar(ck: Checkpoint, key: str | None) -> float | None:
-    value = _object(ck, key)
+def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float, torch.Tensor)) else None
-
-
-def _object(ck: Checkpoint, key: str | None) -> Any:
-    if key is None:
-        return None
-    entry = ck.entry(key)
-    return ck.read(key) if entry.kind == "tensor" else ck.read_object(key)
 
 
 def _replace(row: ParamHealth, **changes: Any) -> ParamHealth:

@@ -46,7 +46,11 @@ class Producer:
       component whose ``step`` says where the run continues, when it keeps one.
     - Optimizer keys: ``state_first`` when the state's name comes before the parameter's
       FQN (Megatron: ``optimizer.state.exp_avg.<fqn>``); ``param_states``: the states every
-      trained parameter has (None: judged from the names seen, Adam's three when present).
+      trained parameter has (None: judged from the names seen, Adam's three when present);
+      ``common_optimizer``: the key of the object entry whose ``["optimizer"]`` keeps the
+      optimizer's ``param_groups`` (lr, betas, eps) and step (``state.common_step``, or each
+      group's), where the per-parameter entries keep only the moments (Megatron's common
+      state; its distributed optimizer nests them under a second ``["optimizer"]``).
     - ``component_files``: file patterns of a folder saved one file per component (HF
       Trainer, accelerate) -> the component each holds.
     - ``prefixes``: nested-path heads -> what they mean for this producer; ``layouts``:
@@ -66,6 +70,7 @@ class Producer:
     step_state: str | None = None
     state_first: bool = False
     param_states: frozenset[str] | None = None
+    common_optimizer: str | None = None
     component_files: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     prefixes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     layouts: Mapping[str, LayoutNote] = field(default_factory=lambda: MappingProxyType({}))
@@ -150,6 +155,7 @@ MEGATRON = Producer(
     components=("model", "optimizer", "common", "rng"),
     state_first=True,
     param_states=frozenset({"exp_avg", "exp_avg_sq"}),  # the step is the param group's
+    common_optimizer="common_state",
     layouts=_frozen({"flat": LayoutNote("Megatron's dist_checkpointing loads it as it is.")}),
     step_dir=r"iter_([0-9]+)",
     tracker=("latest_checkpointed_iteration.txt", "iter_{:07d}"),

@@ -81,3 +81,26 @@ def is_param_list(entry: Entry) -> bool:
         return False
     parts = [str(p) for p in entry.nested_path[1:]] or entry.key.split(".")[1:]
     return re.fullmatch(r"param_groups\.\d+\.params", ".".join(parts)) is not None
+
+
+@dataclass(frozen=True)
+class IndexedRef:
+    """An entry of a plain ``optimizer.state_dict()``, which names parameters by index:
+    ``(*prefix, "state", "<i>", name)`` or ``(*prefix, "param_groups", <g>, name)``
+    (``prefix`` tells the optimizers of one checkpoint apart)."""
+
+    prefix: tuple[object, ...]
+    section: str
+    index: int
+    name: str
+
+
+def indexed_ref(entry: Entry) -> IndexedRef | None:
+    """The optimizer, section, index and field of an index-keyed optimizer entry; else None."""
+    path = entry.nested_path
+    if entry.component != "optimizer" or len(path) < 3:
+        return None
+    section, index, name = path[-3:]
+    if section not in _OPTIMIZER_SECTIONS or not str(index).isdigit() or not isinstance(name, str):
+        return None
+    return IndexedRef(tuple(path[:-3]), str(section), int(str(index)), name)

@@ -182,12 +182,13 @@ HF_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "hf_trainer" / "run"
 def test_hf_trainer_run_weights_match_safetensors() -> None:
     """A transformers Trainer run (tests/fixtures/hf_trainer/generate.py): the checkpoint-N/
     steps, keys without the ``model.`` prefix, layers found, numbers as torch computes them
-    from what safetensors loads; a healthy run, so nothing flagged."""
+    from what safetensors loads; a healthy run, so nothing flagged but the numbered optimizer
+    state nothing pairs (tests/analysis/test_health_optimizer.py)."""
     from safetensors.torch import load_file
 
     report = health(HF_RUN)
     assert [s.name for s in report.steps] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
-    assert report.findings == ()
+    assert {f.kind for f in report.findings} == {"cannot-pair"}
     key = "layers.1.self_attn.q_proj.weight"
     w2, w4, w6 = (
         load_file(HF_RUN / f"checkpoint-{n}" / "model.safetensors")[f"model.{key}"].double()
@@ -200,7 +201,7 @@ def test_hf_trainer_run_weights_match_safetensors() -> None:
     assert row.update_ratio == pytest.approx(float((w6 - w4).norm() / w4.norm()), rel=1e-5)
     cosine = torch.nn.functional.cosine_similarity((w6 - w4).flatten(), (w4 - w2).flatten(), dim=0)
     assert row.update_cosine == pytest.approx(float(cosine), rel=1e-5)
-    assert row.exp_avg_rms is None  # optimizer.pt keeps state by parameter index: not mapped
+    assert row.exp_avg_rms is None  # optimizer.pt numbers its parameters: not paired
 
 
 def test_a_damaged_step_is_an_error_the_rest_is_reported(healthy_run: Path, tmp_path: Path) -> None:

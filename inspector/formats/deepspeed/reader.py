@@ -20,8 +20,9 @@ torch.save reader; nothing is unpickled outside safe_pickle.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from inspector import dtypes
@@ -56,6 +57,11 @@ FP32_GROUPS = {
     2: "single_partition_of_fp32_groups",
     3: "fp32_flat_groups",
 }
+# Where each stage keeps the torch optimizer's own state dict, whose state ``g`` belongs to
+# flat partition ``g`` and lies like it (zero_to_fp32's arithmetic places its elements too).
+BASE_STATE = {1: "base_optimizer_state", 2: "base_optimizer_state", 3: OPTIMIZER_STATE}
+MOMENTS = ("exp_avg", "exp_avg_sq")
+HYPER = ("lr", "betas", "eps")
 # Components of the model states' top-level keys (the rest: other).
 _STATE_COMPONENTS = {
     "lr_scheduler": "lr_scheduler",
@@ -95,12 +101,14 @@ class DeepSpeedSource:
             except InspectorError as exc:
                 self._files[name] = exc.reason
         notes: list[str] = []
+        self._layout: _Layout | None = None
         self._masters, master_notes = self._rebuild(models, optims)
         notes.extend(master_notes)
         self._inner: dict[str, tuple[str, Entry]] = {}
         self._entries: dict[str, Entry] = {}
         for master in self._masters.values():
             self._entries[master.name] = self._master_entry(master)
+        self._add_adam_state()
         self._add_file(models[0], (), lambda path: _state_component(path, bool(self._masters)))
         for name in optims:
             self._add_file(
@@ -152,9 +160,74 @@ class DeepSpeedSource:
         else:
             paddings = _paddings(_object(first, f"{OPTIMIZER_STATE}.{PADDINGS}"))
             trainable = zero2_masters(shapes, ranks, dtype or "float32", paddings, where=where)
+        self._layout = _Layout(stage, shapes, ranks, paddings if stage != 3 else None, where)
         masters = [*self._buffers(models[0], state), *self._frozen(models, state, stage)]
         masters.extend(trainable)
         return _with_shared(masters, state.get("shared_params")), []
+
+    def _add_adam_state(self) -> None:
+        """Each trained parameter's Adam state, rebuilt from the ranks' flat optimizer state
+        as its fp32 master is from the flat partitions, under the names a per-parameter
+        optimizer state dict uses: ``optimizer.state.<name>.{exp_avg,exp_avg_sq,step}`` and
+        ``optimizer.param_groups.<name>.{lr,betas,eps}`` (the step and hyper-parameters are
+        its group's)."""
+        layout = self._layout
+        if layout is None:
+            return
+        base = (OPTIMIZER_STATE, BASE_STATE[layout.stage])
+        for moment in MOMENTS:
+            parts = self._state_partitions(layout.ranks, base, moment)
+            if parts is None:
+                continue
+            for master in layout.masters(parts):
+                if master.error is None:
+                    path = ("optimizer", "state", master.name, moment)
+                    self._add_view(dataclasses.replace(master, name=".".join(path)), path)
+        owner = layout.ranks[0][0].file if layout.ranks and layout.ranks[0] else None
+        if owner is None:
+            return
+        for group, names in enumerate(layout.shapes):
+            for name in names:
+                self._add_group_state(owner, base, group, name)
+
+    def _state_partitions(
+        self, ranks: Sequence[Sequence[Partition]], base: tuple[str, str], moment: str
+    ) -> list[list[Partition]] | None:
+        """Each rank's flat ``moment`` per group, as long as its fp32 partition (the state
+        may run on into padding); None when a rank lacks it."""
+        found = []
+        for partitions in ranks:
+            mine = []
+            for group, part in enumerate(partitions):
+                entry = self._inner_entry(part.file, ".".join((*base, "state", str(group), moment)))
+                if isinstance(entry, str) or entry.numel < part.numel or entry.dtype != "float32":
+                    return None
+                mine.append(Partition(part.file, entry.key, part.numel))
+            found.append(mine)
+        return found
+
+    def _add_group_state(self, owner: str, base: tuple[str, str], group: int, name: str) -> None:
+        step = self._inner_entry(owner, ".".join((*base, "state", str(group), "step")))
+        if not isinstance(step, str) and step.numel == 1:
+            path = ("optimizer", "state", name, "step")
+            piece = Slice(owner, step.key, 0, 1)
+            self._add_view(Master(".".join(path), step.dtype, (), (piece,)), path)
+        source = self._files[owner]
+        assert not isinstance(source, str)
+        for hyper in HYPER:
+            inner = source.entry(".".join((*base, "param_groups", str(group), hyper)))
+            if inner is not None and inner.kind == "object":
+                path = ("optimizer", "param_groups", name, hyper)
+                key = ".".join(path)
+                self._inner[key] = (owner, inner)
+                self._entries[key] = Entry(key, "object", nested_path=path, component="optimizer")
+
+    def _add_view(self, master: Master, path: tuple[str, ...]) -> None:
+        self._masters[master.name] = master
+        entry = self._master_entry(master)
+        self._entries[master.name] = dataclasses.replace(
+            entry, nested_path=path, component="optimizer"
+        )
 
     def _failed(self, models: list[str], problem: str, state: Any = None) -> dict[str, Master]:
         """Masters that cannot be rebuilt, each carrying ``problem`` (named after
@@ -426,6 +499,23 @@ class DeepSpeedSource:
                     path = (*prefix, *(inner.nested_path if inner else (record.key,)))
                     key = ".".join(map(str, path))
                 yield record._replace(key=key)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How the ranks' flat partitions make the parameters (what the masters were built by)."""
+
+    stage: int
+    shapes: list[dict[str, tuple[int, ...]]]
+    ranks: list[list[Partition]]
+    paddings: list[list[int]] | None
+    where: str
+
+    def masters(self, ranks: list[list[Partition]]) -> list[Master]:
+        """The parameters made of ``ranks``' partitions, laid out like the fp32 ones."""
+        if self.stage == 3:
+            return zero3_masters(self.shapes, ranks, "float32", where=self.where)
+        return zero2_masters(self.shapes, ranks, "float32", self.paddings, where=self.where)
 
 
 def _state_component(path: tuple[Any, ...], masters: bool) -> str:

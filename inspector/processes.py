@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
 import sys
 import types
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import context as mp_context
 from multiprocessing import popen_forkserver
+from pathlib import Path
 from typing import Any
 
 
@@ -23,6 +26,43 @@ def context(preload: Sequence[str], with_main: bool = False) -> mp_context.BaseC
     server = multiprocessing.get_context("forkserver")
     server.set_forkserver_preload(list(preload))
     return server if with_main else _ContextWithoutMain()
+
+
+def death_cause(pool: ProcessPoolExecutor, oom_kills_before: int) -> str:
+    """Why a worker of a broken ``pool`` died: its signal or exit code (the SIGTERM the pool
+    then sends the others is not the cause when there is another), and the OOM killer only
+    when it acted since ``oom_kills_before`` (an :func:`oom_kills` count)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    for worker in workers:
+        worker.join(1)
+    codes = {p.exitcode for p in workers if p.exitcode not in (None, 0)}
+    if len(codes) > 1:
+        codes.discard(-signal.SIGTERM)
+    causes = [_cause(code) for code in sorted(codes)] or ["it ended without an exit status"]
+    if oom_kills() > oom_kills_before:
+        causes.append("the kernel's OOM killer ended a process: out of memory")
+    return "; ".join(causes)
+
+
+def _cause(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+def oom_kills() -> int:
+    """The OOM kills counted in this process's cgroup (v2), or 0 where it cannot be read."""
+    try:
+        for line in Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
+            name, _, count = line.partition(" ")
+            if name == "oom_kill":
+                return int(count)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 @contextlib.contextmanager

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from inspector import processes
 from inspector.analysis import health_pass
 from inspector.checkpoint import Checkpoint
 from inspector.checkpoint import open as open_checkpoint
+from inspector.errors import InspectorError
 from inspector.formats.base import Step
 from inspector.progress import Counter
 
@@ -43,6 +45,7 @@ def walk(
     options = dict(storage_options) if storage_options is not None else None
     context = processes.context(["torch", "inspector.analysis.health_workers"])
     pool = ProcessPoolExecutor(workers, mp_context=context)
+    oom_kills = processes.oom_kills()
     walked: list[Walked] = []
     try:
         futures: list[Future] = [
@@ -50,7 +53,11 @@ def walk(
             for group in groups
         ]
         for future, group in zip(futures, groups, strict=True):
-            walked.extend(future.result())
+            try:
+                walked.extend(future.result())
+            except BrokenProcessPool:
+                cause = processes.death_cause(pool, oom_kills)
+                raise InspectorError(f"a health worker process died: {cause}") from None
             counter.step(sum(sizes[name] for name, _ in group))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -20,11 +20,9 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import queue
-import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from inspector import processes
@@ -92,7 +90,7 @@ class Workers:
         self.size = size
         self._events = context.Queue()
         self._abort = context.Event()
-        self._oom_kills = _oom_kills()
+        self._oom_kills = processes.oom_kills()
         self._pool = ProcessPoolExecutor(
             size, mp_context=context, initializer=_started, initargs=(self._events, self._abort)
         )
@@ -133,39 +131,7 @@ class Workers:
         self._events.close()
 
     def _death(self) -> str:
-        """Why a worker died: its signal or exit code (the SIGTERM the pool then sends the
-        others is not the cause when there is another)."""
-        processes = list((getattr(self._pool, "_processes", None) or {}).values())
-        for process in processes:
-            process.join(1)
-        codes = {p.exitcode for p in processes if p.exitcode not in (None, 0)}
-        if len(codes) > 1:
-            codes.discard(-signal.SIGTERM)
-        causes = [_cause(code) for code in sorted(codes)] or ["it ended without an exit status"]
-        if _oom_kills() > self._oom_kills:
-            causes.append("the kernel's OOM killer ended a process: out of memory")
-        return "; ".join(causes)
-
-
-def _cause(exitcode: int) -> str:
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exited with code {exitcode}"
-
-
-def _oom_kills() -> int:
-    """The OOM kills counted in this process's cgroup (v2), or 0 where it cannot be read."""
-    try:
-        for line in Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
-            name, _, count = line.partition(" ")
-            if name == "oom_kill":
-                return int(count)
-    except (OSError, ValueError):
-        pass
-    return 0
+        return processes.death_cause(self._pool, self._oom_kills)
 
 
 def _first_error(futures: list[Future], death: Callable[[], str]) -> BaseException | None:

@@ -252,7 +252,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_health(args: argparse.Namespace) -> int:
     report = inspector.health(
-        args.path, steps=args.steps, keys=args.keys, storage_options=args.storage_options
+        args.path,
+        steps=args.steps,
+        keys=args.keys,
+        storage_options=args.storage_options,
+        workers=args.workers,
     )
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=1)
@@ -508,6 +512,12 @@ COMMANDS = (
             **JSON,
             "--steps": {"nargs": "+", "metavar": "STEP", "help": "saved steps, by name or number"},
             "--keys": {"nargs": "+", "metavar": "GLOB", "help": "model parameters, by name"},
+            "--workers": {
+                "type": int,
+                "default": 1,
+                "metavar": "N",
+                "help": "processes the parameters are split across (same report as 1)",
+            },
         },
         HEALTH_HELP,
     ),

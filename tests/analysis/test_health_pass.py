@@ -7,6 +7,11 @@ what safetensors loads. The same report from worker processes and from a loopbac
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from inspector.analysis.health import HealthReport, health
 from inspector.analysis.health_pass import BLOCK
-from inspector.errors import UsageError
+from inspector.errors import InspectorError, UsageError
 from tests.fixtures.servers import CountedServer
 from tests.storage.uploads import uploaded
 
@@ -110,6 +115,29 @@ def test_workers_make_the_same_report(faulty_run: Path) -> None:
     assert two.findings == one.findings
     with pytest.raises(UsageError, match="workers must be at least 1"):
         health(faulty_run, workers=0)
+
+
+def _kill_workers_once_started(stop: threading.Event) -> None:
+    """SIGKILL the first worker processes this process starts, as soon as they exist."""
+    while not stop.is_set():
+        started = multiprocessing.active_children()
+        if started:
+            for child in started:
+                os.kill(child.pid, signal.SIGKILL)
+            return
+        time.sleep(0.005)
+
+
+def test_a_dead_worker_is_reported_with_its_signal(faulty_run: Path) -> None:
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_workers_once_started, args=(stop,))
+    killer.start()
+    try:
+        with pytest.raises(InspectorError, match="health worker process died: killed by SIGKILL"):
+            health(faulty_run, workers=2)
+    finally:
+        stop.set()
+        killer.join()
 
 
 def test_a_remote_run_reads_ranges_and_matches(

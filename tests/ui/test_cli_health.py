@@ -35,7 +35,8 @@ def test_help_documents_the_shape(capsys) -> None:
 
 
 def test_faults_are_warnings_exit_0(faulty_run: Path, capsys) -> None:
-    assert main(["health", str(faulty_run), "--keys", "layers.*.attention.wq.weight"]) == 0
+    keys = ["--keys", "layers.*.attention.wq.weight"]
+    assert main(["health", str(faulty_run), *keys, "--workers", "2"]) == 0
     text = capsys.readouterr().out
     assert f"layers.{FAULTS.spike_layer}.attention.wq.weight changed by" in text
     assert f"layers.{FAULTS.frozen_layer}.attention.wq.weight did not change up to step-30" in text

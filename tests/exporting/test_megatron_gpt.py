@@ -275,3 +275,28 @@ def test_hf_to_megatron_equals_megatrons_own_save(tmp_path, name) -> None:
         all(torch.equal(again[k], v) for k, v in original.items())
         and again.keys() == original.keys()
     )
+
+
+def test_an_expert_block_is_copied_from_its_stored_bytes() -> None:
+    from functools import partial
+
+    from inspector.exporting.hf import transforms
+    from inspector.exporting.model_weights import slice_bytes
+
+    ck = inspector.open(FIXTURES / "qwen3_moe_fp32_tp1")  # Megatron's own save: gate, up apart
+    original = load_file(FIXTURES / "hf_qwen3_moe_fp32" / "model.safetensors")
+    fc1 = "decoder.layers.mlp.experts.experts.linear_fc1.weight"
+    for key, transform, name in (
+        (fc1, partial(transforms.expert_rows, index=2, sizes=(16, 16), part=1), "up_proj"),
+        ("decoder.layers.mlp.experts.experts.linear_fc2.weight",
+         partial(transforms.expert, index=2), "down_proj"),
+    ):  # fmt: skip
+        (found,) = slice_bytes(ck, key, 1, transform) or [None]
+        assert found is not None, key
+        with open(FIXTURES / "qwen3_moe_fp32_tp1" / found.name, "rb") as file:
+            file.seek(found.offset)
+            raw = bytearray(file.read(found.length))
+        want = original[f"model.layers.1.mlp.experts.2.{name}.weight"]
+        assert torch.equal(torch.frombuffer(raw, dtype=torch.float32).reshape(want.shape), want)
+    qkv = partial(transforms.split_rows, groups=2, sizes=(32, 16, 16), part=0)
+    assert slice_bytes(ck, "decoder.layers.self_attention.linear_qkv.weight", 0, qkv) is None

@@ -9,6 +9,8 @@ slice of the stacked experts. Each row
 runs in a fresh process after ``sync``: the bare ``import inspector``, then per round a
 plain copy of the folder (``shutil.copytree`` + fsync) and right after it the default
 ``format="hf"`` export (verified), which splits QKV / fc1 one layer slice at a time.
+Each round also times a fresh ``import torch``, which the export's work includes (the
+package imports torch only when it exports), to tell the fixed cost from the per-byte one.
 Goals (median over rounds; ranges printed):
 - work <= 1.5 x copy;
 - peak RSS <= bare import's peak + 2 x the largest output tensor + 100 MiB (layers are
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -125,18 +128,23 @@ def main(rounds: int = 3, moe: bool = False) -> int:
             os.sync()
             ours = measure(OURS, str(src), str(tmp / f"hf{n}"))
             shutil.rmtree(tmp / f"hf{n}")
-            runs.append((copy, ours))
+            runs.append((copy, ours, measure("import torch")))
         print(f"load average after: {os.getloadavg()[0]:.2f}\n")
-    ratios = [ours["work"] / copy["work"] for copy, ours in runs]
-    print(f"copy + fsync work s: {spread([c['work'] for c, _ in runs])}")
-    print(f"megatron -> hf work s: {spread([o['work'] for _, o in runs])}")
+    ratios = [ours["work"] / copy["work"] for copy, ours, _ in runs]
+    print(f"copy + fsync work s: {spread([c['work'] for c, _, _ in runs])}")
+    print(f"megatron -> hf work s: {spread([o['work'] for _, o, _ in runs])}")
+    print(f"import torch s (inside the export's work): {spread([t['wall'] for *_, t in runs])}")
     print(f"peak RSS MiB: bare import {bare['peak'] / MIB:.0f}, "
-          f"export {spread([o['peak'] / MIB for _, o in runs], 0)}")  # fmt: skip
+          f"export {spread([o['peak'] / MIB for _, o, _ in runs], 0)}")  # fmt: skip
     ok = goal_line("megatron -> hf: work <= 1.5 x copy", ratios, 1.5)
+    # Not a goal: torch's import (seconds on a loaded machine) is a fixed cost, not per byte
+    without = [(o["work"] - t["wall"]) / c["work"] for c, o, t in runs]
+    print(f"(work less a fresh `import torch`, over copy: median {statistics.median(without):.2f},"
+          f" range {spread(without)})")
     budget = (2 * largest + 100 * MIB) / MIB
     ok &= goal_line(
         f"peak - bare import <= 2 x largest + 100 MiB ({budget:.0f} MiB)",
-        [(o["peak"] - bare["peak"]) / MIB for _, o in runs],
+        [(o["peak"] - bare["peak"]) / MIB for _, o, _ in runs],
         budget,
     )
     print("all goals met" if ok else "GOALS MISSED")

@@ -1,9 +1,11 @@
 """``export(..., format="megatron")``: a Megatron-Core ``torch_dist`` folder from an HF Llama /
-Qwen3 model, for Megatron training to start from (``--load`` / ``--pretrained-checkpoint``).
+Qwen3 / Qwen2 / Qwen3-MoE / Mixtral / Qwen2-MoE model, for Megatron training to start from
+(``--load`` / ``--pretrained-checkpoint``).
 
-The plan (:func:`.hf.megatron_gpt.from_hf`) fuses QKV per query group and SwiGLU's gate and
-up, stacks layers (one DCP chunk per layer, so no stack is assembled in memory), pads the
-vocabulary to a multiple of 128 and records the run's ``args`` in the common state.
+The plan (:func:`.hf.megatron_gpt.from_hf`) fuses QKV (and its biases) per query group and
+SwiGLU's gate and up, stacks layers and experts (one DCP chunk per layer and expert, so no
+stack is assembled in memory), pads the vocabulary to a multiple of 128 and records the
+run's ``args`` in the common state.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ if TYPE_CHECKING:
     from inspector.exporting.hf.megatron_gpt import Piece
     from inspector.exporting.request import ExportRequest
 
-HF_ARCHES = ("auto", "llama3", "qwen3")
+HF_ARCHES = ("auto", "llama3", "qwen3", "qwen3_moe")
 
 
 def export_megatron(request: ExportRequest) -> ExportResult:
     """Write the source's HF-named weights as a Megatron-Core torch_dist folder."""
-    from inspector.exporting.hf import detect, megatron_gpt
+    from inspector.exporting.hf import megatron_gpt
 
     arch = request.arch or "auto"
     if arch not in HF_ARCHES:
@@ -42,17 +44,15 @@ def export_megatron(request: ExportRequest) -> ExportResult:
     refuse_inside_source(ck, out)
     refuse_overlap(out, {"hf_assets": request.hf_assets})
     weights = ModelWeights(ck, request.fp8, dtype)
-    found = detect(weights.metas())
-    if found.naming != "hf" or found.arch.name not in HF_ARCHES:
-        raise UsageError(f"format='megatron' needs HF Llama / Qwen3 weights ({found.reason})")
-    pieces, args, left_out = megatron_gpt.from_hf(
+    plan = megatron_gpt.from_hf(
         weights.metas(), load_config(request.hf_config, request.hf_assets, ck)
     )
-    chunks = [_chunk(weights, p, dtype) for p in pieces]
+    args = plan.args
+    chunks = [_chunk(weights, p, dtype) for p in plan.pieces]
     if dtype:
         args |= {"params_dtype": dtypes.to_torch(dtype), "bf16": dtype == "bfloat16",
                  "fp16": dtype == "float16"}  # fmt: skip
-    modules = megatron_gpt.EXTRA_STATE_MODULES
+    modules = plan.modules
     files, verification = write_and_verify(
         request,
         weights,
@@ -64,15 +64,15 @@ def export_megatron(request: ExportRequest) -> ExportResult:
         files=files,
         index=None,
         tensors=len({c.fqn for c in chunks}),
-        objects=1 + len(megatron_gpt.EXTRA_STATE_MODULES) * args["num_layers"],
+        objects=1 + sum(max(e, 1) for e in modules.values()) * args["num_layers"],
         bytes=sum(c.item.nbytes for c in chunks),
-        skipped={weights.stored(k): why for k, why in left_out.items()} | weights.skipped,
+        skipped={weights.stored(k): why for k, why in plan.left_out.items()} | weights.skipped,
         conversions={},
         names={},
         seconds=time.perf_counter() - started,
         verification=verification,
         arch=megatron_gpt.ARCH,
-        reason=f"{found.reason}; written as Megatron-Core GPT (local/TE spec names)",
+        reason=f"{plan.reason}; written as Megatron-Core GPT (local/TE spec names)",
     )
 
 

@@ -5,8 +5,10 @@ source tensor at a time; plus the HF config and asset files those exports use.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import math
 import os
 import posixpath
 import shutil
@@ -151,9 +153,8 @@ class ModelWeights:
         )
         key = self._keys[output.source]
         ranges = functools.partial(self.ck.byte_ranges, key) if plain and fp8.name == key else None
-        layer_copy = output.transform is transforms.copy and not cast and fp8.name == key
-        if output.index is not None and layer_copy and fp8.conversion is None:
-            ranges = functools.partial(slice_bytes, self.ck, key, output.index)
+        if output.index is not None and not cast and fp8.name == key and fp8.conversion is None:
+            ranges = functools.partial(slice_bytes, self.ck, key, output.index, output.transform)
         return Item(output.name, dtype, output.shape, produce, ranges)
 
     def conversion(self, output: hf.Output) -> str | None:
@@ -171,15 +172,47 @@ class ModelWeights:
         return f"{self._keys[output.source]}: {text}" if text else None
 
 
-def slice_bytes(ck: Checkpoint, key: str, index: int) -> list[ByteRange] | None:
-    """Where slice ``index`` of the leading axis lies when one stored chunk is exactly that
-    slice in plain bytes (a Megatron layer at TP=1), so it is copied, not read; else None."""
+def slice_bytes(
+    ck: Checkpoint, key: str, index: int, transform: object = None
+) -> list[ByteRange] | None:
+    """Where slice ``index`` of the leading axis (or the block of it ``transform`` picks: an
+    expert, a row range) lies when it is contiguous plain bytes of one stored chunk (a
+    Megatron layer, or expert, at TP=1), so it is copied, not read; else None."""
+    from inspector.exporting.hf import transforms
+
     entry = ck.entry(key)
-    rest = tuple(entry.shape or ())[1:]
+    shape = tuple(entry.shape or ())
+    found = transforms.block(transform or transforms.copy, shape[1:])
+    if found is None:
+        return None
+    offsets, sizes = (index, *found[0]), (1, *found[1])
     for number, chunk in enumerate(entry.chunks):
-        if chunk.offsets[0] == index and tuple(chunk.sizes) == (1, *rest):
-            return [r] if (r := ck.source.chunk_bytes(entry, number)) is not None else None
+        local = [o - c for o, c in zip(offsets, chunk.offsets, strict=True)]
+        if all(n >= 0 and n + s <= c for n, s, c in zip(local, sizes, chunk.sizes, strict=True)):
+            start = _contiguous_start(local, sizes, tuple(chunk.sizes))
+            whole = ck.source.chunk_bytes(entry, number) if start is not None else None
+            if whole is None or start is None:
+                return None
+            itemsize = dtypes.to_torch(entry.dtype or "float32").itemsize
+            length = math.prod(sizes) * itemsize
+            crc = whole.crc if length == whole.length else None
+            offset = whole.offset + start * itemsize
+            return [dataclasses.replace(whole, offset=offset, length=length, crc=crc)]
     return None
+
+
+def _contiguous_start(
+    local: list[int], sizes: tuple[int, ...], chunk: tuple[int, ...]
+) -> int | None:
+    """The element offset of a block (at ``local``, of ``sizes``) inside a row-major chunk,
+    when the block is contiguous there: ones, then any size, then whole dimensions."""
+    wide = next((d for d, size in enumerate(sizes) if size != 1), len(sizes))
+    if any(local[d] or sizes[d] != chunk[d] for d in range(wide + 1, len(sizes))):
+        return None
+    start = 0
+    for offset, size in zip(local, chunk, strict=True):
+        start = start * size + offset
+    return start
 
 
 def read_slice(ck: Checkpoint, key: str, index: int) -> torch.Tensor:

@@ -164,7 +164,6 @@ def arch_auto(ck: Checkpoint, fp8: str = "dequantize") -> tuple[bool, str]:
 
     mode = fp8 if fp8 in ADAPTED_FP8_MODES else ADAPTED_FP8_MODES[0]
     try:
-        found = hf.detect(ModelWeights(ck, mode, None).metas())
+        return True, hf.auto_reason(ModelWeights(ck, mode, None).metas(), ck.run_args)
     except InspectorError as exc:
         return False, exc.reason
-    return True, found.reason + (": names kept" if found.naming == "hf" else "")

@@ -1,6 +1,7 @@
 """Megatron-Core GPT <-> Hugging Face (``format="hf"`` from torch_dist, ``format="megatron"``
 back), against the HF models Megatron's checkpoints were written from: real
-``save_checkpoint`` outputs at TP=1, TP=2 and PP=2, tied and untied, bf16 and fp32
+``save_checkpoint`` outputs at TP=1, TP=2, PP=2 and EP=2, tied and untied, bf16 and fp32,
+Llama, Qwen3, Qwen2 (QKV biases), Qwen3-MoE, Mixtral and Qwen2-MoE (shared expert)
 (tests/fixtures/megatron/generate_from_hf.py). Megatron itself is not imported here."""
 
 from __future__ import annotations
@@ -26,7 +27,16 @@ SCENARIOS = {
     "untied_bf16_pp2": "untied_bf16",
     "tied_fp32_tp1": "tied_fp32",
     "qwen3_fp32_tp1": "qwen3_fp32",
+    "qwen2_fp32_tp1": "qwen2_fp32",
+    "qwen3_moe_fp32_tp1": "qwen3_moe_fp32",
+    "qwen3_moe_fp32_ep2": "qwen3_moe_fp32",
+    "mixtral_bf16_tp2": "mixtral_bf16",
+    "qwen2_moe_fp32_tp1": "qwen2_moe_fp32",
 }
+MOE_ARGS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax",
+            "moe_shared_expert_intermediate_size", "moe_shared_expert_gate")  # fmt: skip
+MOE_FIELDS = ("num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+              "norm_topk_prob", "shared_expert_intermediate_size", "qkv_bias")  # fmt: skip
 TOKENS = torch.arange(0, 240, 15).reshape(1, 16) % 250
 
 
@@ -68,20 +78,28 @@ def test_a_bfloat16_export_is_the_original_bit_for_bit(tmp_path) -> None:
     assert all(ours[k].dtype == v.dtype and torch.equal(ours[k], v) for k, v in original.items())
 
 
-@pytest.mark.parametrize("name", ["untied_bf16_tp2", "tied_fp32_tp1", "qwen3_fp32_tp1"])
+@pytest.mark.parametrize(
+    "name",
+    ["untied_bf16_tp2", "tied_fp32_tp1", "qwen3_fp32_tp1", "qwen2_fp32_tp1",
+     "qwen3_moe_fp32_ep2", "mixtral_bf16_tp2", "qwen2_moe_fp32_tp1"],
+)  # fmt: skip
 def test_from_pretrained_gives_the_original_logits(exports, name) -> None:
     assert torch.equal(logits(exports[name][0]), logits(FIXTURES / f"hf_{SCENARIOS[name]}"))
 
 
-@pytest.mark.parametrize("name", ["untied_bf16_tp2", "untied_bf16_pp2"])
-def test_tp2_and_pp2_exports_equal_tp1(exports, name) -> None:
+@pytest.mark.parametrize(
+    ("name", "tp1"),
+    [("untied_bf16_tp2", "untied_bf16_tp1"), ("untied_bf16_pp2", "untied_bf16_tp1"),
+     ("qwen3_moe_fp32_ep2", "qwen3_moe_fp32_tp1")],
+)  # fmt: skip
+def test_tp2_pp2_and_ep2_exports_equal_tp1(exports, name, tp1) -> None:
     ours = (exports[name][0] / "model.safetensors").read_bytes()
-    tp1 = (exports["untied_bf16_tp1"][0] / "model.safetensors").read_bytes()
-    assert ours.split(b"source", 1)[0] == tp1.split(b"source", 1)[0]  # header up to metadata
-    assert ours[-1000:] == tp1[-1000:]
+    theirs = (exports[tp1][0] / "model.safetensors").read_bytes()
+    assert ours.split(b"source", 1)[0] == theirs.split(b"source", 1)[0]  # header to metadata
+    assert ours[-1000:] == theirs[-1000:]
     assert (
         load_file(exports[name][0] / "model.safetensors").keys()
-        == load_file(exports["untied_bf16_tp1"][0] / "model.safetensors").keys()
+        == load_file(exports[tp1][0] / "model.safetensors").keys()
     )
 
 
@@ -92,7 +110,9 @@ def test_config_comes_from_the_runs_args(exports, name) -> None:
     fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "intermediate_size", "rms_norm_eps", "tie_word_embeddings",
               "max_position_embeddings", "head_dim", "model_type")  # fmt: skip
-    assert {k: config[k] for k in fields} == {k: original[k] for k in fields}
+    # Qwen2's config has no head_dim, Mixtral's head_dim None: hidden / heads
+    given = [k for k in (*fields, *MOE_FIELDS) if original.get(k) is not None]
+    assert {k: config[k] for k in given} == {k: original[k] for k in given}
     architecture = original["architectures"][0]
     assert config["architectures"] == [architecture]
     result = exports[name][1]
@@ -161,10 +181,54 @@ def test_missing_args_name_the_fact_and_the_argument() -> None:
 
 
 def test_an_unknown_megatron_module_is_named() -> None:
-    found = metas() | {"decoder.layers.mlp.router.weight": TensorMeta((2, 4, 64), torch.float32)}
+    bias = "decoder.layers.mlp.router.expert_bias"  # --moe-router-enable-expert-bias
+    found = metas("qwen3_moe_fp32_tp1") | {bias: TensorMeta((2, 4), torch.float32)}
     with pytest.raises(ExportError, match="no HF rule") as caught:
-        megatron_gpt.to_hf(found, None, inspector.open(FIXTURES / "tied_fp32_tp1").run_args)
+        megatron_gpt.to_hf(found, None, inspector.open(FIXTURES / "qwen3_moe_fp32_tp1").run_args)
+    assert caught.value.key == bias
+
+
+def test_an_expert_count_that_disagrees_with_the_shapes_names_the_key() -> None:
+    args = inspector.open(FIXTURES / "qwen3_moe_fp32_tp1").run_args
+    with pytest.raises(ExportError, match=r"num_experts=8 \(from args.num_experts\)") as caught:
+        megatron_gpt.to_hf(metas("qwen3_moe_fp32_tp1"), None, args | {"num_experts": 8})
     assert caught.value.key == "decoder.layers.mlp.router.weight"
+    fc1 = "decoder.layers.mlp.experts.experts.linear_fc1.weight"
+    found = metas("qwen3_moe_fp32_tp1")
+    found[fc1] = TensorMeta((2, 3, *found[fc1].shape[2:]), torch.float32)
+    with pytest.raises(ExportError, match=r"4 experts \(the router's\)") as caught:
+        megatron_gpt.to_hf(found, None, args)
+    assert caught.value.key == fc1
+
+
+def test_routing_hf_computes_otherwise_is_refused() -> None:
+    args = inspector.open(FIXTURES / "mixtral_bf16_tp2").run_args
+    with pytest.raises(ExportError, match=r"args.moe_router_pre_softmax=True: Mixtral"):
+        megatron_gpt.to_hf(metas("mixtral_bf16_tp2"), None, args | {"moe_router_pre_softmax": True})
+    with pytest.raises(ExportError, match=r"args.moe_router_score_function='sigmoid'"):
+        megatron_gpt.to_hf(
+            metas("mixtral_bf16_tp2"), None, args | {"moe_router_score_function": "sigmoid"}
+        )
+
+
+def test_qkv_biases_the_args_deny_are_named() -> None:
+    args = inspector.open(FIXTURES / "qwen2_fp32_tp1").run_args | {"add_qkv_bias": False}
+    with pytest.raises(ExportError, match=r"args.add_qkv_bias=False") as caught:
+        megatron_gpt.to_hf(metas("qwen2_fp32_tp1"), None, args)
+    assert caught.value.key == "decoder.layers.self_attention.linear_qkv.bias"
+
+
+def test_hf_experts_that_disagree_with_the_config_are_named() -> None:
+    folder = FIXTURES / "hf_qwen3_moe_fp32"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {k: TensorMeta(tuple(v.shape), v.dtype)
+               for k, v in load_file(folder / "model.safetensors").items()}  # fmt: skip
+    with pytest.raises(ExportError, match="num_experts=8, but layer 0 has 4 experts") as caught:
+        megatron_gpt.from_hf(tensors, config | {"num_experts": 8})
+    assert caught.value.key == "model.layers.0.mlp.experts.3.down_proj.weight"
+    del config["num_experts_per_tok"]
+    with pytest.raises(ExportError, match="needs num_experts_per_tok"):
+        megatron_gpt.from_hf(tensors, config)
 
 
 def test_args_of_another_family_are_refused() -> None:
@@ -176,7 +240,11 @@ def test_args_of_another_family_are_refused() -> None:
 # --- and back -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["untied_bf16_tp1", "tied_fp32_tp1", "qwen3_fp32_tp1"])
+@pytest.mark.parametrize(
+    "name",
+    ["untied_bf16_tp1", "tied_fp32_tp1", "qwen3_fp32_tp1", "qwen2_fp32_tp1",
+     "qwen3_moe_fp32_tp1", "mixtral_bf16_tp2", "qwen2_moe_fp32_tp1"],
+)  # fmt: skip
 def test_hf_to_megatron_equals_megatrons_own_save(tmp_path, name) -> None:
     out = tmp_path / "megatron"
     result = inspector.export(FIXTURES / f"hf_{SCENARIOS[name]}", out, format="megatron")
@@ -188,7 +256,7 @@ def test_hf_to_megatron_equals_megatrons_own_save(tmp_path, name) -> None:
     for key in tensors:
         assert torch.equal(ours.read(key), theirs.read(key)), key
     objects = {e.key for e in theirs.entries() if e.kind == "object"}
-    objects.discard("rerun_state_machine_state/shard_0_1")  # training state, not the model
+    objects -= {k for k in objects if k.startswith("rerun_state")}  # training state (per rank)
     assert {e.key for e in ours.entries() if e.kind == "object"} == objects
     assert all(ours.read_object(k) is None for k in objects if "_extra_state" in k)
     wanted = theirs.run_args
@@ -196,7 +264,8 @@ def test_hf_to_megatron_equals_megatrons_own_save(tmp_path, name) -> None:
                   "num_query_groups", "group_query_attention", "kv_channels",
                   "padded_vocab_size", "untie_embeddings_and_output_weights", "swiglu",
                   "normalization", "rotary_base", "layernorm_epsilon", "params_dtype",
-                  "max_position_embeddings"):  # fmt: skip
+                  "max_position_embeddings", "add_qkv_bias", "qk_layernorm", "num_experts",
+                  *(MOE_ARGS if wanted["num_experts"] else ())):  # fmt: skip
         assert ours.run_args[field] == wanted[field], field
     back = tmp_path / "hf"
     inspector.export(out, back, format="hf")
@@ -206,3 +275,28 @@ def test_hf_to_megatron_equals_megatrons_own_save(tmp_path, name) -> None:
         all(torch.equal(again[k], v) for k, v in original.items())
         and again.keys() == original.keys()
     )
+
+
+def test_an_expert_block_is_copied_from_its_stored_bytes() -> None:
+    from functools import partial
+
+    from inspector.exporting.hf import transforms
+    from inspector.exporting.model_weights import slice_bytes
+
+    ck = inspector.open(FIXTURES / "qwen3_moe_fp32_tp1")  # Megatron's own save: gate, up apart
+    original = load_file(FIXTURES / "hf_qwen3_moe_fp32" / "model.safetensors")
+    fc1 = "decoder.layers.mlp.experts.experts.linear_fc1.weight"
+    for key, transform, name in (
+        (fc1, partial(transforms.expert_rows, index=2, sizes=(16, 16), part=1), "up_proj"),
+        ("decoder.layers.mlp.experts.experts.linear_fc2.weight",
+         partial(transforms.expert, index=2), "down_proj"),
+    ):  # fmt: skip
+        (found,) = slice_bytes(ck, key, 1, transform) or [None]
+        assert found is not None, key
+        with open(FIXTURES / "qwen3_moe_fp32_tp1" / found.name, "rb") as file:
+            file.seek(found.offset)
+            raw = bytearray(file.read(found.length))
+        want = original[f"model.layers.1.mlp.experts.2.{name}.weight"]
+        assert torch.equal(torch.frombuffer(raw, dtype=torch.float32).reshape(want.shape), want)
+    qkv = partial(transforms.split_rows, groups=2, sizes=(32, 16, 16), part=0)
+    assert slice_bytes(ck, "decoder.layers.self_attention.linear_qkv.weight", 0, qkv) is None

@@ -16,7 +16,15 @@ from inspector.exporting.hf.base import (
     TensorMeta,
     tensor_meta,
 )
-from inspector.exporting.hf.registry import ARCHITECTURES, Detection, detect, from_hf, get, to_hf
+from inspector.exporting.hf.registry import (
+    ARCHITECTURES,
+    Detection,
+    auto_reason,
+    detect,
+    from_hf,
+    get,
+    to_hf,
+)
 
 __all__ = [
     "ARCHITECTURES",
@@ -28,6 +36,7 @@ __all__ = [
     "Rule",
     "TensorMeta",
     "apply_plan",
+    "auto_reason",
     "detect",
     "from_hf",
     "get",

@@ -89,6 +89,16 @@ def detect(keys: Iterable[str]) -> Detection:
     return Detection(win.arch, win.naming, reason)
 
 
+def auto_reason(tensors: Mapping[str, Any], run_args: Mapping[str, Any] | None = None) -> str:
+    """What ``arch="auto"`` decides for an HF export of these weights and why; an
+    ``ExportError`` says why nothing fits (for Megatron weights: the planning's own check
+    of the run's ``args`` against the shapes)."""
+    if megatron_gpt.fits(tensors):
+        return megatron_gpt.to_hf(tensors, None, run_args).reason
+    found = detect(tensors)
+    return found.reason + (": names kept" if found.naming == "hf" else "")
+
+
 def to_hf(
     tensors: Mapping[str, Any],
     config: Mapping | None,

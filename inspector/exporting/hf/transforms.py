@@ -47,6 +47,12 @@ def split_rows(t: torch.Tensor, groups: int, sizes: tuple[int, ...], part: int) 
     return piece.reshape(groups * sizes[part], *t.shape[1:])
 
 
+def expert_rows(t: torch.Tensor, index: int, sizes: tuple[int, ...], part: int) -> torch.Tensor:
+    """Part ``part`` of expert ``index``'s fused rows (Megatron's stacked experts' SwiGLU
+    ``linear_fc1``: ``[experts, gate; up, ...]``)."""
+    return split_rows(t[index], 1, sizes, part)
+
+
 def first_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     """The first ``rows`` rows: a vocabulary padded for tensor parallelism, trimmed."""
     return t[:rows]
@@ -58,6 +64,12 @@ def fuse_rows(parts: list[torch.Tensor], groups: int) -> torch.Tensor:
     grouped = [p.reshape(groups, -1, *p.shape[1:]) for p in parts]
     fused = torch.cat(grouped, dim=1)
     return fused.reshape(1, -1, *parts[0].shape[1:])
+
+
+def fuse_expert(parts: list[torch.Tensor]) -> torch.Tensor:
+    """One expert's parts fused along rows, as a ``[1, 1, rows, ...]`` chunk of Megatron's
+    experts stacked over layers and experts."""
+    return fuse_rows(parts, 1).unsqueeze(0)
 
 
 def pad_rows(parts: list[torch.Tensor], rows: int) -> torch.Tensor:
@@ -78,6 +90,29 @@ def zeros_per_row(t: torch.Tensor) -> torch.Tensor:
     return torch.zeros(t.shape[0], dtype=torch.float32, device=t.device)
 
 
+def block(
+    transform: object, shape: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Where the transform's output lies in its input of ``shape`` as one block
+    ``(offsets, sizes)``, when it is one (a copy, an expert, a row range of one group), so
+    its stored bytes can be copied as they are; None when it computes or gathers."""
+    function = getattr(transform, "func", transform)
+    arguments = getattr(transform, "keywords", {})
+    zeros = (0,) * len(shape)
+    if function is copy:
+        return zeros, shape
+    if function is expert:
+        return (arguments["index"], *zeros[1:]), (1, *shape[1:])
+    if function is split_rows and arguments["groups"] == 1:
+        sizes, part = arguments["sizes"], arguments["part"]
+        return (sum(sizes[:part]), *zeros[1:]), (sizes[part], *shape[1:])
+    if function is expert_rows:
+        sizes, part = arguments["sizes"], arguments["part"]
+        start = (arguments["index"], sum(sizes[:part]), *zeros[2:])
+        return start, (1, sizes[part], *shape[2:])
+    return None
+
+
 def describe(transform: object) -> str | None:
     """What a plan's transform does, in words (None for a plain copy)."""
     function = getattr(transform, "func", transform)
@@ -93,6 +128,9 @@ def describe(transform: object) -> str | None:
     if function is split_rows:
         fused = f"{arguments['groups']} x {arguments['sizes']}"
         return f"part {arguments['part']} of rows fused as {fused}"
+    if function is expert_rows:
+        fused = f"{arguments['sizes']}"
+        return f"expert {arguments['index']} of the stack, part {arguments['part']} of rows {fused}"
     if function is first_rows:
         return f"first {arguments['rows']} rows (vocabulary padding dropped)"
     if function is zeros_per_row:

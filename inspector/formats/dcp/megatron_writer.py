@@ -30,15 +30,21 @@ def saved_object(value: Any) -> bytes:
     return buffer.getvalue()
 
 
-def extra_states(modules: Sequence[str], layers: int) -> dict[str, bytes]:
+def extra_states(modules: Mapping[str, int], layers: int) -> dict[str, bytes]:
     """Each stacked module's per-layer ``_extra_state`` (None without Transformer Engine),
-    which ``dist_checkpointing.load`` asks for by ``<module>._extra_state/shard_<i>_<L>``."""
+    which ``dist_checkpointing.load`` asks for by ``<module>._extra_state/shard_<i>_<L>``;
+    a module of ``E`` experts (``modules[module]``) has one per layer and expert,
+    ``shard_<i>.<e>_<L>.<E>``."""
     empty = saved_object(None)
-    return {
-        f"{module}._extra_state/shard_{layer}_{layers}": empty
-        for layer in range(layers)
-        for module in modules
-    }
+    found = {}
+    for layer in range(layers):
+        for module, experts in modules.items():
+            if experts:
+                for e in range(experts):
+                    found[f"{module}._extra_state/shard_{layer}.{e}_{layers}.{experts}"] = empty
+            else:
+                found[f"{module}._extra_state/shard_{layer}_{layers}"] = empty
+    return found
 
 
 def common_state(args: Mapping[str, Any], iteration: int = 0) -> bytes:
@@ -57,12 +63,13 @@ def write_megatron(
     folder: Path,
     chunks: Sequence[Chunk],
     args: Mapping[str, Any],
-    stacked_modules: Sequence[str],
+    stacked_modules: Mapping[str, int],
     progress: Callable[[Item], None],
     overwrite: bool,
 ) -> list[Path]:
     """Write ``chunks``, the modules' empty extra states (one per layer of ``args``'
-    ``num_layers``) and the common state holding ``args`` as a torch_dist folder."""
+    ``num_layers``, and per expert) and the common state holding ``args`` as a torch_dist
+    folder."""
     marker = json.dumps(MARKER_FIELDS).encode()
     objects = extra_states(stacked_modules, args["num_layers"])
     objects[COMMON_KEY] = common_state(args)

@@ -25,7 +25,7 @@ from inspector.demo import build_demo  # noqa: E402
 from tests.fixtures.lab import CHROMIUM, CHROMIUM_ARGS, start_lab  # noqa: E402
 
 KEY = "layers.0.attention.wq.weight"
-VIEWPORT = {"width": 1280, "height": 2000}
+VIEWPORT = {"width": 1440, "height": 2600}
 TIMEOUT = 90_000
 # Outputs shown before a run are marked, so that only the new one is waited for and taken.
 OLD_OUTPUT = "document.querySelectorAll('.jp-OutputArea-output').forEach(o => o.dataset.old = 1)"

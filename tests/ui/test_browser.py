@@ -2,8 +2,8 @@
 
 Skipped when chromium or playwright is missing, except in CI (``CI=true``), where that
 fails. Every test saves a screenshot under its own tmp folder and names it (and the server
-log) when it fails; the Stats test's picture of the whole app, under the module's
-``browser-shots`` folder, is the one in docs/inspector.png.
+log) when it fails; the Stats and dark-theme tests keep a picture of the whole app under
+the module's ``browser-shots`` folder (docs/screenshots.py takes the README's pictures).
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def test_stats_shows_numbers_and_histogram(
         for picture in ("histogram", "norms"):
             image = page.locator(f".inspector-{picture}")
             until(lambda i=image: i.evaluate("img => img.naturalWidth") > 0, f"the {picture}")
-    page.set_viewport_size(TALL)  # the whole app, plots included, for docs/inspector.png
+    page.set_viewport_size(TALL)  # the whole app, plots included
     try:
         page.locator(".inspector-app").evaluate("app => app.scrollIntoView()")
         page.screenshot(path=shots / "inspector.png")

@@ -402,7 +402,7 @@ def test_arrow_keys_move_open_and_close(fp8_app: Inspector, monkeypatch) -> None
 def test_quantized_weights_are_badged_with_their_scheme(tmp_path: Path) -> None:
     from tests.fixtures import compressed_tensors_folders as ctf
 
-    ctf.write(tmp_path)  # written by compressed-tensors' own compressors
+    expected = ctf.write(tmp_path)  # written and decompressed by compressed-tensors itself
     module = "model.layers.0.mlp.down_proj"
     for folder, scheme in (
         ("fp8_channel", "float-quantized float8 channel"),
@@ -417,6 +417,15 @@ def test_quantized_weights_are_badged_with_their_scheme(tmp_path: Path) -> None:
         assert labels[f"{module}.weight_scale"].endswith("B")  # a part: no scheme badge
         entries = text(app.tree.entries)
         assert f"{module}.weight" in entries and scheme in entries  # the entries table too
+        export = app.export
+        assert export.preset_buttons["dequantize"].layout.display != "none"
+        export.preset_buttons["dequantize"].click()
+        export.out.value = str(tmp_path / f"{folder}.safetensors")
+        export.export_button.click()
+        export.wait()
+        written = load_file(tmp_path / f"{folder}.safetensors")
+        for key, value in expected[folder].items():
+            assert torch.equal(written[key], value.to(written[key].dtype)), key
 
 
 def test_export_presets(demo_dir: Path, fp8_app: Inspector, tmp_path: Path) -> None:

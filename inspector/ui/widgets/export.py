@@ -225,8 +225,8 @@ class ExportPanel(w.VBox):
         self._show_rename()
 
     def show_fp8(self, found: bool) -> None:
-        """The FP8 handling field, shown only for a checkpoint with FP8 tensors (the header's
-        scan says whether it has)."""
+        """The FP8 handling field and the Dequantize preset, shown only for a checkpoint with
+        FP8 or quantized tensors (the header's scan says whether it has)."""
         self.fp8.layout.display = "" if found else "none"
         for name, preset in PRESETS.items():
             if preset.quantized_only:

@@ -2,8 +2,8 @@
 
 Skipped when chromium or playwright is missing, except in CI (``CI=true``), where that
 fails. Every test saves a screenshot under its own tmp folder and names it (and the server
-log) when it fails; the Stats test's picture of the whole app, under the module's
-``browser-shots`` folder, is the one in docs/inspector.png.
+log) when it fails; the Stats and dark-theme tests keep a picture of the whole app under
+the module's ``browser-shots`` folder (docs/screenshots.py takes the README's pictures).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import inspector
 from inspector.demo.model import build_model
@@ -32,6 +32,7 @@ KERNEL_TIMEOUT = 90_000
 UI_TIMEOUT = 30_000
 VIEWPORT = {"width": 1280, "height": 1600}
 TALL = {"width": 1280, "height": 2100}
+ROW = ".inspector-tree .inspector-row"
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,10 @@ def page(lab: Lab, shots: Path):
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        tab = browser.new_page(viewport=VIEWPORT)
+        context = browser.new_context(
+            viewport=VIEWPORT, permissions=["clipboard-read", "clipboard-write"]
+        )
+        tab = context.new_page()
         tab.set_default_timeout(UI_TIMEOUT)
         with screenshot(tab, shots / "00-run-all.png", lab):
             lab.start_kernel("inspect.ipynb")
@@ -104,7 +108,7 @@ def run_all(page, attempts: int = 2) -> None:
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
         try:
-            page.wait_for_selector(".inspector-tree option", timeout=KERNEL_TIMEOUT / attempts)
+            page.wait_for_selector(ROW, timeout=KERNEL_TIMEOUT / attempts)
             return
         except Exception:
             if attempt == attempts:
@@ -122,7 +126,7 @@ def until(condition: Callable[[], object], what: str, timeout: float = UI_TIMEOU
 
 def rows(page) -> list[str]:
     """The tree's rows as shown, no-break spaces made plain."""
-    texts = page.locator(".inspector-tree select option").all_inner_texts()
+    texts = page.locator(f"{ROW} span").all_inner_texts()
     return [t.replace("\xa0", " ") for t in texts]
 
 
@@ -134,7 +138,7 @@ def top_level(page) -> list[str]:
 def pick(page, name: str) -> None:
     """Select the first tree row whose name is ``name``."""
     names = [r.split()[1] for r in rows(page)]
-    page.locator(".inspector-tree select").select_option(index=names.index(name))
+    page.locator(ROW).nth(names.index(name)).click()
 
 
 def select_key(page, key: str) -> None:
@@ -146,7 +150,7 @@ def select_key(page, key: str) -> None:
     box.press("Enter")
     depth = key.count(".")
     until(lambda: len(rows(page)) == depth + 1, f"the tree filtered down to {key}")
-    page.locator(".inspector-tree select").select_option(index=depth)
+    page.locator(ROW).nth(depth).click()
     until(lambda: key in page.locator(".inspector-tensor").inner_text(), f"details of {key}")
 
 
@@ -195,7 +199,7 @@ def test_stats_shows_numbers_and_histogram(
         for picture in ("histogram", "norms"):
             image = page.locator(f".inspector-{picture}")
             until(lambda i=image: i.evaluate("img => img.naturalWidth") > 0, f"the {picture}")
-    page.set_viewport_size(TALL)  # the whole app, plots included, for docs/inspector.png
+    page.set_viewport_size(TALL)  # the whole app, plots included
     try:
         page.locator(".inspector-app").evaluate("app => app.scrollIntoView()")
         page.screenshot(path=shots / "inspector.png")
@@ -224,13 +228,15 @@ def test_export_writes_verified_safetensors(
 
 
 def open_in_app(page, path: Path) -> None:
-    """Type ``path`` into the app's path box and press Open; wait for its tree."""
+    """Type ``path`` into the app's path box and press Open; wait for its new tree (the
+    tree shown before is marked, as the same path may be open already)."""
+    page.evaluate("document.querySelectorAll('.inspector-rows').forEach(e => e.dataset.old = 1)")
     box = page.locator(".inspector-path input")
     box.fill(str(path))
     box.press("Enter")
     page.locator(".inspector-open").click()
     until(lambda: str(path) in page.locator(".inspector-where").inner_text(), f"{path} open")
-    page.wait_for_selector(".inspector-tree option")
+    page.wait_for_selector(".inspector-rows:not([data-old]) .inspector-row")
 
 
 def tab(page, title: str) -> None:
@@ -322,7 +328,7 @@ READABLE = {
     ".inspector-where": 4.5,
     ".inspector-totals div": 4.5,
     ".inspector-findings b": 4.5,
-    ".inspector-tree select": 4.5,
+    f"{ROW} span": 4.5,
     ".inspector-entries .inspector-table th": 4.5,
     ".inspector-entries .inspector-table td": 4.5,
     ".inspector-note": 3.0,
@@ -354,3 +360,107 @@ def test_dark_theme_keeps_the_app_readable(
                 assert ratio >= least, f"{selector} in {name}: contrast {ratio:.2f} < {least}"
         dark_th = contrasts["JupyterLab Dark", ".inspector-entries .inspector-table th"]
         assert dark_th >= 4.5  # the table headers were white on light grey before
+
+
+def cursor_key(page) -> str | None:
+    """The full key of the row the keyboard cursor is on."""
+    return page.locator(f"{ROW}.inspector-cursor").get_attribute("data-key")
+
+
+NOTEBOOK_STATE = """() => {
+  const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell')];
+  return [cells.length, cells.findIndex(c => c.classList.contains('jp-mod-active')),
+          document.activeElement.classList.contains('inspector-rows')];
+}"""
+
+
+def press(page, key: str, then: Callable[[], object], what: str) -> None:
+    """Press ``key`` in the focused tree and wait for the kernel's answer."""
+    page.keyboard.press(key)
+    until(then, what)
+
+
+def test_keyboard_drives_the_tree_and_copies_keys(
+    page, lab: Lab, demo_dir: Path, tmp_path: Path
+) -> None:
+    keys = inspector.open(demo_dir / "fp8").keys()
+    first = next(k for k in keys if k.startswith("layers."))  # first child, all the way down
+    below = {
+        ".".join(k.split(".")[:i]) for k in keys if k.startswith("layers.")
+        for i in range(1, k.count(".") + 1)
+    }
+    with screenshot(page, tmp_path / "keys.png", lab):
+        open_in_app(page, demo_dir / "fp8")
+        page.locator(".inspector-view button", has_text="stored").click()
+        until(lambda: "layers" in top_level(page), "stored view: layers at top level")
+        closed = len(rows(page))
+        notebook = page.evaluate(NOTEBOOK_STATE)
+        page.locator(".inspector-rows").focus()
+        for _ in range(top_level(page).index("layers") + 1):
+            page.keyboard.press("ArrowDown")
+        until(lambda: cursor_key(page) == "layers", "the cursor on layers")
+        press(page, "ArrowRight", lambda: len(rows(page)) > closed, "layers opened")
+        opened = rows(page)[top_level(page).index("layers")]
+        assert cursor_key(page) == "layers" and opened.startswith("\u25be layers"), opened
+        press(page, "ArrowRight", lambda: cursor_key(page) == "layers.0", "down to layers.0")
+        press(page, "ArrowDown", lambda: cursor_key(page) == "layers.1", "on to layers.1")
+        press(page, "ArrowLeft", lambda: cursor_key(page) == "layers", "up to the parent")
+        press(page, "ArrowLeft", lambda: len(rows(page)) == closed, "layers closed")
+        for key in ("a", "b", "j", "k", "ArrowUp", "ArrowDown"):  # JupyterLab's keys too
+            page.keyboard.press(key)
+        assert cursor_key(page) == "layers"
+        leaves = [k for k in keys if k.startswith("layers.")]
+        every = closed + len(below) - 1 + len(leaves)
+        press(page, "*", lambda: len(rows(page)) == every, "every node below layers open")
+        status = page.locator(".inspector-tree-status").inner_text()
+        assert f"opened {len(below)} nodes below layers" in status
+        for depth in range(1, first.count(".") + 1):
+            want = ".".join(first.split(".")[: depth + 1])
+            press(page, "ArrowRight", lambda w=want: cursor_key(page) == w, f"down to {want}")
+        page.keyboard.press("Enter")
+        details = page.locator(".inspector-tensor")
+        until(lambda: first in details.inner_text(), f"the details of {first}")
+        assert page.locator(f"{ROW}.inspector-selected").get_attribute("data-key") == first
+        assert page.evaluate(NOTEBOOK_STATE) == [*notebook[:2], True]  # no shortcut fired
+        page.keyboard.press("Control+c")
+        until(lambda: page.evaluate("navigator.clipboard.readText()") == first, "the row copied")
+        page.evaluate("navigator.clipboard.writeText('')")
+        page.locator(".inspector-copy-key").click()
+        until(lambda: page.evaluate("navigator.clipboard.readText()") == first, "details copy")
+        details.get_by_text(first, exact=True).first.click(click_count=3)  # select the heading
+        assert page.evaluate("String(window.getSelection())").strip() == first
+
+
+# When the statistics table first shows, note whether the histogram is displayed yet.
+NUMBERS_FIRST = """() => {
+  window.histogramWhenNumbers = undefined;
+  const stats = document.querySelector('.inspector-stats');
+  const picture = document.querySelector('.inspector-histogram');
+  new MutationObserver((_, observer) => {
+    if (stats.innerText.includes('std')) {
+      observer.disconnect();
+      window.histogramWhenNumbers = getComputedStyle(picture).display;
+    }
+  }).observe(stats, {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def test_stats_shows_the_numbers_before_the_histogram(
+    page, lab: Lab, tmp_path: Path
+) -> None:
+    weight = torch.randn(2048, 2048, generator=torch.Generator().manual_seed(3))
+    save_file({"big.weight": weight}, tmp_path / "big.safetensors")
+    with screenshot(page, tmp_path / "stats-first.png", lab):
+        open_in_app(page, tmp_path / "big.safetensors")
+        select_key(page, "big.weight")
+        page.evaluate(NUMBERS_FIRST)
+        page.locator(".inspector-app button", has_text="Stats").click()
+        seen = "window.histogramWhenNumbers"
+        until(lambda: page.evaluate(seen) is not None, "the statistics table")
+        assert page.evaluate(seen) == "none"  # the numbers are in, the histogram is not yet
+        stats = page.locator(".inspector-stats").inner_text()
+        shown = dict(re.findall(r"^(\w+)\s+(\S+)$", stats, re.MULTILINE))
+        assert shown["max"] == f"{weight.max().item():.6g}"
+        image = page.locator(".inspector-histogram")
+        until(lambda: image.evaluate("img => img.naturalWidth") > 0 and image.is_visible(),
+              "the histogram after the numbers")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import html
+import json
 import re
 import weakref
 from pathlib import Path
@@ -364,3 +365,95 @@ def test_export_errors_name_the_form_fields(fp8_app: Inspector, tmp_path: Path) 
     export.max_shard_size.value = "0"
     export.export_button.click()
     assert "max shard size: size must be positive" in text(fp8_app.tab_errors["Export"])
+
+
+def test_arrow_keys_move_open_and_close(fp8_app: Inspector, monkeypatch) -> None:
+    tree, keys = fp8_app.tree, fp8_app.tree.tree
+    keys.cursor = ["node", "layers"]  # the browser sends lists
+    assert keys.cursor == ("node", "layers")
+    keys.press("right", keys.cursor)
+    assert tree.outline.is_expanded("layers") and keys.cursor == ("node", "layers")
+    keys.press("right", keys.cursor)
+    assert keys.cursor == ("node", "layers.0") and not tree.outline.is_expanded("layers.0")
+    keys.press("left", keys.cursor)
+    assert keys.cursor == ("node", "layers") and tree.outline.is_expanded("layers")
+    keys.press("left", keys.cursor)
+    assert not tree.outline.is_expanded("layers") and shown_prefixes(fp8_app) == top_level(
+        fp8_app
+    )
+    keys.value = ["node", WQ]  # Enter on a row: selected, its details shown, copyable
+    assert tree.selected == WQ and keys.cursor == ("node", WQ)
+    assert fp8_app.tensor.copy_button.text == WQ and text(fp8_app.tensor.details).startswith(WQ)
+    keys.press("left", keys.cursor)
+    assert keys.cursor == ("node", "layers.0.attention.wq")
+    layer = [k for k in fp8_app.ck.keys() if k.startswith("layers.1.")]
+    inner = {".".join(k.split(".")[:i]) for k in layer for i in range(2, k.count(".") + 1)}
+    keys.press("expand_below", ("node", "layers.1"))
+    assert f"opened {len(inner)} nodes below layers.1" in text(tree.status)
+    assert set(layer) <= set(shown_prefixes(fp8_app))
+    monkeypatch.setattr("inspector.ui.widgets.tree.EXPAND_BELOW", 2)
+    tree.collapse_all_button.click()
+    tree.expand_button.click()  # nothing selected: below the root, capped
+    assert "opened the first 2 nodes below the root: the rest stay closed" in text(tree.status)
+    assert sum(tree.outline.is_expanded(p) for p in shown_prefixes(fp8_app)) == 1
+    assert errors_shown(fp8_app) == ""
+
+
+def test_quantized_weights_are_badged_with_their_scheme(tmp_path: Path) -> None:
+    from tests.fixtures import compressed_tensors_folders as ctf
+
+    expected = ctf.write(tmp_path)  # written and decompressed by compressed-tensors itself
+    module = "model.layers.0.mlp.down_proj"
+    for folder, scheme in (
+        ("fp8_channel", "float-quantized float8 channel"),
+        ("int8_channel", "naive-quantized int8 channel"),
+    ):
+        app = Inspector(tmp_path / folder)
+        app.header.wait()
+        app.tree.select(module)
+        labels = {v[1]: label.replace("\xa0", " ") for label, v in app.tree.tree.options}
+        assert labels[f"{module}.weight"].endswith(f"[{scheme}]"), labels[f"{module}.weight"]
+        assert "[FP8]" not in labels[f"{module}.weight"]
+        assert labels[f"{module}.weight_scale"].endswith("B")  # a part: no scheme badge
+        entries = text(app.tree.entries)
+        assert f"{module}.weight" in entries and scheme in entries  # the entries table too
+        export = app.export
+        assert export.preset_buttons["dequantize"].layout.display != "none"
+        export.preset_buttons["dequantize"].click()
+        export.out.value = str(tmp_path / f"{folder}.safetensors")
+        export.export_button.click()
+        export.wait()
+        written = load_file(tmp_path / f"{folder}.safetensors")
+        for key, value in expected[folder].items():
+            assert torch.equal(written[key], value.to(written[key].dtype)), key
+
+
+def test_export_presets(demo_dir: Path, fp8_app: Inspector, tmp_path: Path) -> None:
+    export = fp8_app.export
+    assert export.preset_buttons["dequantize"].layout.display == ""
+    export.preset_buttons["dequantize"].click()
+    assert (export.format.value, export.fp8.value, export.dtype.value) == (
+        "safetensors",
+        "dequantize",
+        "",
+    )
+    assert "Dequantize" in text(export.preset)
+    app = Inspector(demo_dir / "llama_hf" / "checkpoint")  # plain bf16: nothing to dequantize
+    app.header.wait()
+    export = app.export
+    assert export.preset_buttons["dequantize"].layout.display == "none"
+    assert export.preset_buttons["serve_fp8"].layout.display != "none"
+    export.preset_buttons["serve_fp8"].click()
+    assert (export.format.value, export.fp8.value) == ("hf", "quantize")
+    assert export.fp8.layout.display == ""
+    export.hf_assets.value = str(demo_dir / "llama_hf" / "assets")
+    export.out.value = str(tmp_path / "served")
+    export.export_button.click()
+    export.wait()
+    assert "verified" in text(export.outcome), text(export.outcome)
+    config = json.loads((tmp_path / "served" / "config.json").read_text())
+    assert config["quantization_config"]["format"] == "float-quantized"
+    tensors = load_file(tmp_path / "served" / "model.safetensors")
+    q_proj = "model.layers.0.self_attn.q_proj"
+    assert tensors[f"{q_proj}.weight"].dtype == torch.float8_e4m3fn
+    assert tensors[f"{q_proj}.weight_scale"].shape[0] == tensors[f"{q_proj}.weight"].shape[0]

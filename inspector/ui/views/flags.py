@@ -50,6 +50,18 @@ class KeyFlags:
             found.append("error")
         return found
 
+    def scheme(self, key: str) -> str | None:
+        """How a quantized weight is stored, for its badge: its ``fp8`` fact (the
+        compressed-tensors scheme, a torchao payload's data and scale, a float8 weight's
+        scale); None for other keys, training wrappers included (their weight is plain)."""
+        detection = self.ck.scanned(key)
+        quantized = (
+            key in self.ck.logical
+            or key in self.ck.scale_pairs.by_weight
+            or (detection is not None and subclass_kind(detection) == "payload")
+        )
+        return self.ck.facts(key).fp8 if quantized else None
+
     def refresh(self, audit: AuditReport | None = None) -> None:
         """Collect every flagged key and count them below each node of every view (passes
         over the keys: run it off the kernel's thread)."""

@@ -9,6 +9,7 @@ entries into pages for a table.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from inspector.entry import Entry
@@ -98,6 +99,24 @@ class Outline:
             self._shown[_prefix(node)] = max(self.page, len(children))
             stack.extend(children)
         return True
+
+    def expand_below(self, prefix: str, limit: int) -> tuple[int, bool]:
+        """Open ``prefix`` and the nodes below it, level by level (those listed, down to
+        ``OPEN_DEPTH`` levels), at most ``limit`` of them: (how many opened, whether the cap
+        stopped it)."""
+        queue = deque([self.node(prefix)])
+        opened = 0
+        while queue:
+            node = queue.popleft()
+            if node.depth >= OPEN_DEPTH or node.is_leaf:
+                continue
+            if opened == limit:
+                return opened, True
+            key = _prefix(node)
+            shown = self._shown.setdefault(key, self.page)
+            opened += 1
+            queue.extend(node.children()[:shown])
+        return opened, False
 
     def rows(self) -> list[Row]:
         """The visible rows, depth first in stored order."""

@@ -187,9 +187,11 @@ class Inspector(w.VBox):
         self.tabs.selected_index = TABS.index(tab)
 
     def _found(self, findings: Findings) -> None:
-        """The header's worker is done: badges in the tree, the quick audit in its tab."""
+        """The header's worker is done: badges in the tree, the quick audit in its tab, the
+        FP8 field and the Dequantize preset when there are FP8 or quantized weights."""
         self.tree.flags_found(findings.audit)
-        self.export.show_fp8(findings.fp8 is not None and findings.fp8.count > 0)
+        fp8 = findings.fp8 is not None and findings.fp8.count > 0
+        self.export.show_fp8(fp8 or bool(self.ck is not None and self.ck.logical))
         if findings.audit is not None:
             self.audit.quick(findings.audit)
 

@@ -6,6 +6,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,35 @@ from inspector.ui.widgets.markup import badge, esc, heading, note, pre, table
 UPDATE_EVERY = 0.1
 _WIDE = {"description_width": "120px"}
 FORMATS = ((".safetensors", "safetensors"), (".pt", "pt"), ("Hugging Face folder", "hf"))
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A button that fills the form's fields for one common export (``fields``: field name
+    -> value); ``quantized_only``: offered only when the checkpoint holds quantized or FP8
+    weights."""
+
+    label: str
+    help: str
+    fields: dict[str, Any]
+    quantized_only: bool = False
+
+
+PRESETS = {
+    "dequantize": Preset(
+        "Dequantize",
+        "quantized and FP8 weights as plain tensors (bfloat16 unless a dtype is chosen), "
+        "in one .safetensors file",
+        {"format": "safetensors", "fp8": "dequantize", "dtype": "", "model_only": True},
+        quantized_only=True,
+    ),
+    "serve_fp8": Preset(
+        "FP8 for serving",
+        "a Hugging Face folder whose linear weights are FP8 e4m3 with per-channel scales "
+        "(compressed-tensors, as vLLM loads it)",
+        {"format": "hf", "fp8": "quantize", "dtype": ""},
+    ),
+}
 
 
 def labelled(name: str, **style: Any) -> dict[str, Any]:
@@ -113,6 +143,12 @@ class ExportPanel(w.VBox):
         )
         self.preset = w.HTML()
         self.preset.add_class("inspector-export-preset")
+        self.preset_buttons = {}
+        for name, preset in PRESETS.items():
+            button = w.Button(description=preset.label, tooltip=preset.help)
+            button.add_class(f"inspector-preset-{name}")
+            button.on_click(errors.guard("Choosing a preset")(lambda _, n=name: self.use(n)))
+            self.preset_buttons[name] = button
         self.dtype = w.Dropdown(
             options=[("as stored", ""), *((d, d) for d in CAST_DTYPES)],  # None shows blank
             **labelled("dtype"),
@@ -160,6 +196,7 @@ class ExportPanel(w.VBox):
         self.show_fp8(False)  # until the header's scan finds FP8 tensors
         super().__init__(
             [
+                w.HBox([w.Label("Presets"), *self.preset_buttons.values()]),
                 self.preset,
                 self.format,
                 self.arch,
@@ -188,9 +225,24 @@ class ExportPanel(w.VBox):
         self._show_rename()
 
     def show_fp8(self, found: bool) -> None:
-        """The FP8 handling field, shown only for a checkpoint with FP8 tensors (the header's
-        scan says whether it has)."""
+        """The FP8 handling field and the Dequantize preset, shown only for a checkpoint with
+        FP8 or quantized tensors (the header's scan says whether it has)."""
         self.fp8.layout.display = "" if found else "none"
+        for name, preset in PRESETS.items():
+            if preset.quantized_only:
+                self.preset_buttons[name].layout.display = "" if found else "none"
+
+    def use(self, name: str) -> None:
+        """Fill the form as the preset ``name`` (a key of ``PRESETS``) says."""
+        preset = PRESETS[name]
+        for field, value in preset.fields.items():
+            getattr(self, field).value = value
+        self.fp8.layout.display = ""  # the FP8 handling it chose is in sight
+        self.preset.value = (
+            f'<div style="margin-bottom:6px">{badge("preset", "info")} '
+            f"<b>{esc(preset.label)}</b>: {esc(preset.help)}. Choose the output and press "
+            "Export.</div>"
+        )
 
     def preset_fp8(self, mode: str, why: str) -> None:
         """Plain safetensors of the model with ``mode`` FP8 handling (the header's finding)."""

@@ -13,8 +13,22 @@ from inspector.ui.views.text import human_bytes
 # so the light, dark and high-contrast themes all read well.
 STYLE = """<style>
 .inspector-app { color: var(--jp-ui-font-color1, rgba(0,0,0,.87)); }
-.inspector-tree select { font-family: var(--jp-code-font-family, monospace); font-size: 12px;
-  color: var(--jp-ui-font-color1, rgba(0,0,0,.87)); background: var(--jp-layout-color1, white); }
+.inspector-rows { font-family: var(--jp-code-font-family, monospace); font-size: 12px;
+  color: var(--jp-ui-font-color1, rgba(0,0,0,.87)); background: var(--jp-layout-color1, white);
+  border: 1px solid var(--jp-border-color1, #bdbdbd); overflow: auto; outline: none; }
+.inspector-rows:focus { border-color: var(--jp-brand-color1, #1976d2); }
+.inspector-row { display: flex; align-items: center; white-space: pre; line-height: 1.6em;
+  padding: 0 4px; cursor: pointer; }
+.inspector-row span { flex: 1; overflow: hidden; text-overflow: ellipsis; }
+.inspector-row.inspector-selected { background: var(--jp-layout-color3, #bdbdbd); }
+.inspector-rows:focus .inspector-cursor { outline: 1px dashed var(--jp-ui-font-color1, black);
+  outline-offset: -1px; }
+.inspector-row-copy { visibility: hidden; font-size: 10px; padding: 0 6px; cursor: pointer;
+  color: var(--jp-ui-font-color1, rgba(0,0,0,.87)); background: var(--jp-layout-color2, #eee);
+  border: 1px solid var(--jp-border-color1, #bdbdbd); border-radius: 2px; }
+.inspector-row:hover .inspector-row-copy, .inspector-cursor .inspector-row-copy {
+  visibility: visible; }
+.inspector-tensor, .inspector-tensor * { user-select: text; }
 .inspector-table { border-collapse: collapse; font-size: 12px; margin: 4px 0; line-height: 1.5;
   color: var(--jp-ui-font-color1, rgba(0,0,0,.87)); }
 .inspector-table th { text-align: left; background: var(--jp-layout-color2, #eee);

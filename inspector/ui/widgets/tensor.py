@@ -12,6 +12,7 @@ from inspector.ui.views.numbers import TensorNumbers, tensor_numbers
 from inspector.ui.views.text import counted, human_bytes, shape_text, value_text
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.jobs import JobBar
+from inspector.ui.widgets.keylist import CopyButton
 from inspector.ui.widgets.markup import facts, heading, limited, note, pre, table, totals_table
 
 CHUNKS_SHOWN = 32
@@ -27,6 +28,7 @@ class TensorPanel(w.VBox):
         self.details = w.HTML()
         self.stats_button = w.Button(description="Stats", icon="bar-chart", disabled=True)
         self.value_button = w.Button(description="Value", icon="eye", disabled=True)
+        self.copy_button = CopyButton()
         self.stats = w.HTML()
         self.histogram = w.Image(format="png", layout=w.Layout(display="none", width="432px"))
         self.norms = w.Image(format="png", layout=w.Layout(display="none", width="432px"))
@@ -39,7 +41,7 @@ class TensorPanel(w.VBox):
         self.norms.add_class("inspector-norms")
         self.stats_button.on_click(errors.guard("Stats")(lambda _: self.show_stats()))
         self.value_button.on_click(errors.guard("Reading the value")(lambda _: self.show_value()))
-        buttons = w.HBox([self.stats_button, self.value_button])
+        buttons = w.HBox([self.stats_button, self.value_button, self.copy_button])
         super().__init__([self.details, buttons, self.job, self.stats, self.histogram, self.norms])
 
     def show(self, node: KeyNode) -> None:
@@ -51,6 +53,7 @@ class TensorPanel(w.VBox):
         self.numbers = None
         self.histogram.layout.display = self.norms.layout.display = "none"
         self.entry = node.entry
+        self.copy_button.text = node.prefix if node.depth else ""
         if self.entry is None:
             self.stats_button.disabled = self.value_button.disabled = True
             self.details.value = _subtree(node)

@@ -18,10 +18,13 @@ from inspector.ui.views.flags import BADGES, SHOWS, KeyFlags
 from inspector.ui.views.outline import CHILDREN_PAGE, Outline, Row, entry_page
 from inspector.ui.views.text import counted, human_bytes, shape_text
 from inspector.ui.widgets.errors import ErrorBox
+from inspector.ui.widgets.keylist import KeyList, RowValue
 from inspector.ui.widgets.markup import heading, note, table
 
 # A filter down to this many keys opens every node, so the matches are in sight.
 EXPAND_MATCHES = 200
+# "Expand all" below a node opens at most this many nodes (each lists up to a page of rows).
+EXPAND_BELOW = 200
 INDENT = "\u00a0" * 4
 GAP = "\u00a0\u00a0\u00b7\u00a0\u00a0"
 ENTRY_COLUMNS = ("key", "dtype", "shape", "size", "chunks", "subclass", "fp8")
@@ -34,9 +37,10 @@ def row_label(
     view: str = "stored",
     within: frozenset[str] | None = None,
 ) -> str:
-    """``▸ layers · 18 keys · 1.2 MB  [14 FP8]``, indented by depth (no-break spaces survive
-    <option>); a leaf shows its dtype, shape and badges (``[FP8]``, ``[error]``); an inner
-    row counts its flagged keys (``within``: among the keys a filter kept)."""
+    """``▸ layers · 18 keys · 1.2 MB  [14 FP8]``, indented by depth (no-break spaces keep
+    it); a leaf shows its dtype, shape and badges (``[FP8]``, ``[error]``, a quantized
+    weight's scheme); an inner row counts its flagged keys (``within``: among the keys a
+    filter kept)."""
     pad = INDENT * row.depth
     if row.kind == "more":
         return f"{pad}\u00a0\u00a0... {row.count:,} more: select to list {min(page, row.count):,}"
@@ -50,7 +54,9 @@ def row_label(
     if flags is None:
         return label
     if entry is not None:
-        marks = flags.badges(entry.key)
+        scheme = flags.scheme(entry.key)  # a quantized weight's badge names its scheme
+        marks = [b for b in flags.badges(entry.key) if not (scheme and b == "FP8")]
+        marks = [scheme, *marks] if scheme else marks
     elif flags.ready:
         counts = ((flags.count_below(row.prefix, view, b, within), b) for b in BADGES)
         marks = [f"{n:,} {b}" for n, b in counts if n]
@@ -98,8 +104,11 @@ class TreePanel(w.VBox):
         )
         self.collapse_button = w.Button(description="Collapse", icon="compress")
         self.collapse_all_button = w.Button(description="Collapse all")
+        self.expand_button = w.Button(description="Expand all", icon="expand")
+        self.expand_button.add_class("inspector-expand-below")
         self.status = w.HTML()
-        self.tree = w.Select(options=[], rows=22, layout=w.Layout(width="100%"))
+        self.status.add_class("inspector-tree-status")
+        self.tree = KeyList(rows=22, layout=w.Layout(width="100%"))
         self.entries = w.HTML()
         self.prev_button = w.Button(description="Previous", icon="chevron-left")
         self.next_button = w.Button(description="Next", icon="chevron-right")
@@ -125,12 +134,23 @@ class TreePanel(w.VBox):
         self.tree.observe(errors.guard("Selecting")(self._on_pick), "value")
         self.collapse_button.on_click(errors.guard("Collapsing")(lambda _: self.collapse()))
         self.collapse_all_button.on_click(errors.guard("Collapsing")(lambda _: self.collapse_all()))
+        self.expand_button.on_click(
+            errors.guard("Expanding")(lambda _: self.expand_below(self.selected))
+        )
+        self.tree.on_key(errors.guard("Moving in the tree")(self._on_key))
         self.prev_button.on_click(errors.guard("Paging")(lambda _: self.show_page(self.page - 1)))
         self.next_button.on_click(errors.guard("Paging")(lambda _: self.show_page(self.page + 1)))
 
         self.rebuild()
         controls = w.HBox(
-            [self.show, self.mode, self.filter, self.collapse_button, self.collapse_all_button]
+            [
+                self.show,
+                self.mode,
+                self.filter,
+                self.expand_button,
+                self.collapse_button,
+                self.collapse_all_button,
+            ]
         )
         pager = w.HBox([self.prev_button, self.page_label, self.next_button])
         body = w.HBox(
@@ -177,15 +197,18 @@ class TreePanel(w.VBox):
 
     def _render(self) -> None:
         page, view = self.outline.page, self.view.value
-        options = [
+        options = tuple(
             (row_label(r, page, self.flags, view, self.kept), (r.kind, r.prefix))
             for r in self.outline.rows()
-        ]
+        )
         self._quiet = True
         try:
             self.tree.options = options
             wanted = ("node", self.selected)
-            self.tree.value = wanted if any(v == wanted for _, v in options) else None
+            shown = {v for _, v in options}
+            self.tree.value = wanted if wanted in shown else None
+            if self.tree.cursor not in shown:
+                self.tree.cursor = self.tree.value
         finally:
             self._quiet = False
 
@@ -230,6 +253,7 @@ class TreePanel(w.VBox):
         self.selected = prefix
         self.outline.expand(prefix)
         self._show_selected()
+        self.tree.cursor = ("node", prefix)
 
     def collapse(self) -> None:
         """Close the selected node; on a closed or leaf node, close its parent instead."""
@@ -247,6 +271,56 @@ class TreePanel(w.VBox):
         self.outline.collapse_all()
         self.selected = ""
         self._show_selected()
+
+    def expand_below(self, prefix: str) -> None:
+        """Open the node ``prefix`` ('' the root) and the nodes below it, at most
+        ``EXPAND_BELOW`` of them (a large subtree would list thousands of rows)."""
+        opened, capped = self.outline.expand_below(prefix, EXPAND_BELOW)
+        where = prefix or "the root"
+        self.status.value = note(
+            f"opened the first {opened:,} nodes below {where}: the rest stay closed "
+            "(expand a deeper node to see more)"
+            if capped
+            else f"opened {counted(opened, 'node')} below {where}"
+        )
+        self.render()
+
+    def key_right(self, prefix: str) -> None:
+        """Right arrow: open a closed node; on an open one, move to its first child."""
+        if self.outline.is_expanded(prefix) or self.outline.node(prefix).is_leaf:
+            self._move_cursor(prefix, 1)
+        else:
+            self.outline.expand(prefix)
+            self.render()
+
+    def key_left(self, prefix: str) -> None:
+        """Left arrow: close an open node; on a closed one or a leaf, move to its parent."""
+        if self.outline.is_expanded(prefix):
+            self.outline.collapse(prefix)
+            self.render()
+        elif "." in prefix:
+            self.tree.cursor = ("node", prefix.rpartition(".")[0])
+
+    def _move_cursor(self, prefix: str, step: int) -> None:
+        """The cursor to the row ``step`` rows after the node ``prefix``, when that row is a
+        child of it."""
+        values = [v for _, v in self.tree.options]
+        at = values.index(("node", prefix)) + step
+        if at < len(values) and values[at][1].startswith(f"{prefix}."):
+            self.tree.cursor = values[at]
+
+    def _on_key(self, event: str, row: RowValue) -> None:
+        kind, prefix = row
+        if kind == "more":  # the "more" row stands for its parent
+            if event == "left" and prefix:
+                self.tree.cursor = ("node", prefix)
+            return
+        if event == "right":
+            self.key_right(prefix)
+        elif event == "left":
+            self.key_left(prefix)
+        else:
+            self.expand_below(prefix)
 
     def _show_selected(self) -> None:
         self.render()

@@ -109,3 +109,16 @@ def test_entry_pages(demo_dir: Path) -> None:
     model = entry_page(ck.tree("flattened"), 0, size=400)
     assert "layers.0.attention.wq.weight" in model.keys
     assert "model.layers.0.attention.wq.weight" in [e.key for e in model.entries]
+
+
+def test_expand_below_opens_a_subtree_up_to_a_cap(flat) -> None:
+    keys = [k for k in flat.keys() if k.startswith("layers.")]
+    inner = {".".join(k.split(".")[:i]) for k in keys for i in range(1, k.count(".") + 1)}
+    outline = Outline(flat.tree())
+    assert outline.expand_below("layers", limit=100) == (len(inner), False)
+    shown = [r.prefix for r in outline.rows()]
+    assert set(keys) | inner <= set(shown) and not outline.is_expanded("optimizer")
+    capped = Outline(flat.tree())
+    assert capped.expand_below("layers", limit=3) == (3, True)
+    assert {p for p in inner if capped.is_expanded(p)} == {"layers", "layers.0", "layers.1"}
+    assert capped.expand_below("layers.0.attention_norm.weight", limit=3) == (0, False)

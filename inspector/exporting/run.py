@@ -305,7 +305,9 @@ def _quantized_config(job: Job, names: Iterable[str]) -> dict | None:
     from inspector.exporting.quantize import config_of
 
     config = load_config(None, None, job.ck)
-    return None if config is None else config | {"quantization_config": config_of(names)}
+    if config is None:
+        return None
+    return config | {"quantization_config": config_of(names, job.request.fp8_scheme)}
 
 
 def _safetensors_layout(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,6 +62,29 @@ def write_item(fd: int, item: Item, *, crc: bool) -> int:
     data = bytes_view(tensor)
     write_all(fd, data)
     return crc32(data) if crc else 0
+
+
+def produced_ahead(items: Sequence[Item]) -> Iterator[Item]:
+    """``items`` in order, each one made by ``produce()`` (no stored bytes to copy) made in
+    a thread while the caller writes the one before: converting overlaps writing, one
+    tensor ahead at most. Items are produced in order, one at a time, as without it."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, "inspector-produce")
+    futures: dict[int, Future[torch.Tensor]] = {}
+
+    def submit(index: int) -> None:
+        if index < len(items) and items[index].ranges is None and index not in futures:
+            futures[index] = pool.submit(items[index].produce)
+
+    try:
+        for index, item in enumerate(items):
+            submit(index)
+            submit(index + 1)
+            made = futures.pop(index, None)
+            yield item if made is None else dataclasses.replace(item, produce=made.result)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def produced(item: Item) -> torch.Tensor:

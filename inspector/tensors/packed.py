@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from inspector.formats.base import MXFP4, Scheme
-from inspector.tensors.dequant import FP4_E2M1, sub_byte_table, unpack_fp4
+from inspector.formats.base import FINE_GRAINED_FP8, MXFP4, Scheme
+from inspector.tensors.dequant import FP4_E2M1, e8m0_to_float32, sub_byte_table, unpack_fp4
 
 
 class SchemeError(ValueError):
@@ -126,7 +126,12 @@ def _blocks(
 
 def compressed(parts: dict[str, torch.Tensor], scheme: Scheme) -> torch.Tensor:
     """The weight that compressed-tensors' compressor for ``scheme.format`` decompresses
-    ``parts`` (local names: ``weight_packed``, ``weight_scale``, ...) into."""
+    ``parts`` (local names: ``weight_packed``, ``weight_scale``, ...) into; transformers'
+    fine-grained FP8: ``weight * weight_scale_inv`` in float32, as its ``Fp8Dequantize``."""
+    if scheme.format == FINE_GRAINED_FP8:
+        inverse = parts["weight_scale_inv"]
+        inverse = e8m0_to_float32(inverse) if inverse.dtype == torch.uint8 else inverse.float()
+        return dequantize_args(parts["weight"], inverse, None, scheme)
     scale = parts["weight_scale"]
     zero_point = parts.get("weight_zero_point")
     if scheme.format == "nvfp4-pack-quantized":

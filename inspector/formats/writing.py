@@ -66,8 +66,9 @@ def write_item(fd: int, item: Item, *, crc: bool) -> int:
 
 def produced_ahead(items: Sequence[Item]) -> Iterator[Item]:
     """``items`` in order, each one made by ``produce()`` (no stored bytes to copy) made in
-    a thread while the caller writes the one before: converting overlaps writing, one
-    tensor ahead at most. Items are produced in order, one at a time, as without it."""
+    a thread while the caller writes the one before it, when that one was made so too:
+    converting overlaps writing, one tensor ahead at most, and items are still produced in
+    order, one at a time (a weight's FP8 values before its scale)."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
     pool = ThreadPoolExecutor(1, "inspector-produce")
@@ -80,7 +81,8 @@ def produced_ahead(items: Sequence[Item]) -> Iterator[Item]:
     try:
         for index, item in enumerate(items):
             submit(index)
-            submit(index + 1)
+            if index in futures:
+                submit(index + 1)
             made = futures.pop(index, None)
             yield item if made is None else dataclasses.replace(item, produce=made.result)
     finally:

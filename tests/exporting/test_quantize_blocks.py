@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 import inspector
 from inspector.errors import UsageError
 from inspector.exporting.quantize import fp8_weight, quantization_config
-from tests.exporting.test_quantize import decompressed
+from inspector.ui.cli import main
+from tests.exporting.test_quantize import decompressed, tiny_llama
 from tests.tensors.test_fp8 import same_bits
 
 BLOCK = 128
@@ -86,8 +87,9 @@ def test_fine_grained_values_equal_transformers(shape: tuple[int, int]) -> None:
 
 def test_block_and_fine_grained_export_and_read_back(tmp_path: Path) -> None:
     """Partial edge blocks and a zero block: compressed-tensors decompresses the ``block``
-    folder, transformers dequantizes the ``fine-grained`` one, each to what ``ck.read``
-    returns; norms, embeddings and the head stay as stored and are listed as ignored."""
+    folder, transformers dequantizes the ``fine-grained`` one (written by the CLI), each to
+    what ``ck.read`` returns; norms, embeddings and the head stay as stored, listed as
+    ignored."""
     src = tmp_path / "bf16"
     src.mkdir()
     linears = {"model.layers.0.mlp.down_proj.weight": edge_weight(200, 300, 1),
@@ -100,8 +102,12 @@ def test_block_and_fine_grained_export_and_read_back(tmp_path: Path) -> None:
     ignore = ["lm_head", "model.embed_tokens", "model.norm"]
     for scheme, suffix in (("block", "_scale"), ("fine-grained", "_scale_inv")):
         out = tmp_path / scheme
-        result = inspector.export(src, out, fp8="quantize", fp8_scheme=scheme, progress=False)
-        assert result.verification is not None and result.verification.ok
+        if scheme == "block":
+            result = inspector.export(src, out, fp8="quantize", fp8_scheme=scheme, progress=False)
+            assert result.verification is not None and result.verification.ok
+        else:  # the command line's flag, from the shared options table
+            args = ["export", str(src), str(out), "--fp8", "quantize", "--fp8-scheme", scheme]
+            assert main(args) == 0
         config = json.loads((out / "config.json").read_text())["quantization_config"]
         assert config == quantization_config(scheme, ignore)
         written = load_file(out / "model.safetensors")
@@ -131,17 +137,7 @@ def test_transformers_loads_the_fine_grained_folder(tmp_path: Path) -> None:
     own quantization of the source weights."""
     import transformers
 
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "src")
+    tiny_llama(tmp_path / "src", BLOCK)  # k_proj: 64 rows, one partial block
     out = tmp_path / "fp8"
     inspector.export(tmp_path / "src", out, fp8="quantize", fp8_scheme="fine-grained",
                      progress=False)

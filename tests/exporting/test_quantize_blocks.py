@@ -87,7 +87,8 @@ def test_fine_grained_values_equal_transformers(shape: tuple[int, int]) -> None:
 
 def test_block_and_fine_grained_export_and_read_back(tmp_path: Path) -> None:
     """Partial edge blocks and a zero block: compressed-tensors decompresses the ``block``
-    folder, transformers dequantizes the ``fine-grained`` one (written by the CLI), each to
+    folder (written by 2 workers), transformers dequantizes the ``fine-grained`` one (written
+    by the CLI), each to
     what ``ck.read`` returns; norms, embeddings and the head stay as stored, listed as
     ignored."""
     src = tmp_path / "bf16"
@@ -102,8 +103,9 @@ def test_block_and_fine_grained_export_and_read_back(tmp_path: Path) -> None:
     ignore = ["lm_head", "model.embed_tokens", "model.norm"]
     for scheme, suffix in (("block", "_scale"), ("fine-grained", "_scale_inv")):
         out = tmp_path / scheme
-        if scheme == "block":
-            result = inspector.export(src, out, fp8="quantize", fp8_scheme=scheme, progress=False)
+        if scheme == "block":  # by two worker processes, config.json included
+            result = inspector.export(src, out, fp8="quantize", fp8_scheme=scheme, workers=2,
+                                      progress=False)
             assert result.verification is not None and result.verification.ok
         else:  # the command line's flag, from the shared options table
             args = ["export", str(src), str(out), "--fp8", "quantize", "--fp8-scheme", scheme]

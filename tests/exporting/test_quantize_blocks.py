@@ -176,3 +176,20 @@ def test_fp8_scheme_applies_to_quantize_only(tmp_path: Path) -> None:
         inspector.export(tmp_path / "none", tmp_path / "out", fp8_scheme="block")
     with pytest.raises(UsageError, match="fp8_scheme must be one of channel, block, fine-grained"):
         inspector.export(tmp_path / "none", tmp_path / "out", fp8="quantize", fp8_scheme="row")
+
+
+def test_fp8_trained_wrappers_quantize_their_master_weights(demo_dir: Path) -> None:
+    """FP8-trained torchtitan weights: their master weights, as transformers quantizes them."""
+    from inspector.exporting.fp8 import plan_fp8
+    from tests.tensors.test_fp8 import CONVERTED, torch_master_weights
+
+    ck = inspector.open(demo_dir / "fp8")
+    masters = torch_master_weights(demo_dir / "fp8")
+    outputs, _ = plan_fp8(ck, list(masters), mode="quantize", scheme="fine-grained")
+    got = {o.name: o for o in outputs}
+    assert sorted(got) == sorted([*masters, *(k + "_scale_inv" for k in CONVERTED)])
+    for key in CONVERTED:
+        theirs = transformers_fp8(masters[key].bfloat16())
+        assert same_bits(got[key].read(), theirs["weight"]), key
+        assert same_bits(got[key + "_scale_inv"].read(), theirs["scale"]), key
+        assert got[key].conversion.endswith("-> float8_e4m3fn, 128x128 block weight_scale_inv")

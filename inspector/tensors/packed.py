@@ -129,9 +129,14 @@ def compressed(parts: dict[str, torch.Tensor], scheme: Scheme) -> torch.Tensor:
     ``parts`` (local names: ``weight_packed``, ``weight_scale``, ...) into; transformers'
     fine-grained FP8: ``weight * weight_scale_inv`` in float32, as its ``Fp8Dequantize``."""
     if scheme.format == FINE_GRAINED_FP8:
-        inverse = parts["weight_scale_inv"]
+        weight, inverse = parts["weight"], parts["weight_scale_inv"]
+        blocks = scheme.block_structure or weight.shape
+        grid = [math.ceil(n / b) for n, b in zip(weight.shape, blocks, strict=False)]
+        if inverse.numel() != 1 and list(inverse.shape) != grid:
+            raise SchemeError(f"weight_scale_inv of shape {list(inverse.shape)} does not fit a "
+                              f"weight of {list(weight.shape)} in blocks of {list(blocks)}")
         inverse = e8m0_to_float32(inverse) if inverse.dtype == torch.uint8 else inverse.float()
-        return dequantize_args(parts["weight"], inverse, None, scheme)
+        return dequantize_args(weight, inverse, None, scheme)
     scale = parts["weight_scale"]
     zero_point = parts.get("weight_zero_point")
     if scheme.format == "nvfp4-pack-quantized":

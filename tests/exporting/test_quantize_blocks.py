@@ -193,3 +193,22 @@ def test_fp8_trained_wrappers_quantize_their_master_weights(demo_dir: Path) -> N
         assert same_bits(got[key].read(), theirs["weight"]), key
         assert same_bits(got[key + "_scale_inv"].read(), theirs["scale"]), key
         assert got[key].conversion.endswith("-> float8_e4m3fn, 128x128 block weight_scale_inv")
+
+
+def test_a_scale_that_does_not_fit_names_the_key_and_scheme(tmp_path: Path) -> None:
+    """A fine-grained folder whose ``weight_scale_inv`` has the wrong shape: reading that
+    weight is a CorruptCheckpointError naming key and scheme; the rest stays readable."""
+    from inspector.errors import CorruptCheckpointError
+
+    fp8, inverse = fp8_weight(edge_weight(200, 300), "fine-grained")
+    bad, good = "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"
+    save_file({good: fp8, good + "_scale_inv": inverse, bad: fp8.clone(),
+               bad + "_scale_inv": inverse[:1].clone()}, tmp_path / "model.safetensors")
+    config = {"quantization_config": quantization_config("fine-grained", [])}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ck = inspector.open(tmp_path)
+    with pytest.raises(CorruptCheckpointError, match="fine-grained-fp8 float8 block 128x128") as e:
+        ck.read(bad)
+    assert e.value.key == bad
+    assert same_bits(ck.read(good), transformers_dequantized(fp8, inverse))
+    assert same_bits(ck.read(bad + "_scale_inv"), inverse[:1])

@@ -90,20 +90,28 @@ def _affine(
     if global_scale is not None:
         scale = scale / global_scale
     value = q.to(scale.dtype)
+    # In place on the cast's own new tensor (same values, no second weight-sized buffer).
+    own = value is not q and all(_fits(t, value) for t in (scale, zero_point) if t is not None)
     if zero_point is not None:
-        value = value - zero_point.to(scale.dtype)
-    return value * scale
+        zp = zero_point.to(scale.dtype)
+        value = value.sub_(zp) if own else value - zp
+    return value.mul_(scale) if own else value * scale
+
+
+def _fits(scale: torch.Tensor, values: torch.Tensor) -> bool:
+    """Whether ``scale`` broadcasts over ``values`` (checked by hand: torch.broadcast_shapes
+    imports torch.fx, seconds on first use)."""
+    short, long = tuple(scale.shape), tuple(values.shape)
+    return len(short) <= len(long) and all(
+        s in (1, n) for s, n in zip(reversed(short), reversed(long), strict=False)
+    )
 
 
 def _check_fits(scale: torch.Tensor, values: torch.Tensor) -> None:
-    """``scale`` broadcasts over ``values`` (checked by hand: torch.broadcast_shapes imports
-    torch.fx, seconds on first use)."""
-    short, long = tuple(scale.shape), tuple(values.shape)
-    fits = len(short) <= len(long) and all(
-        s in (1, n) for s, n in zip(reversed(short), reversed(long), strict=False)
-    )
-    if not fits:
-        raise SchemeError(f"scale of shape {list(short)} does not fit a weight of {list(long)}")
+    if not _fits(scale, values):
+        raise SchemeError(
+            f"scale of shape {list(scale.shape)} does not fit a weight of {list(values.shape)}"
+        )
 
 
 def _blocks(

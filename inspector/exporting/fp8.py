@@ -43,7 +43,7 @@ FP8_MODE_HELP = {
     "dequantize": "FP8 payloads to the dtype (bfloat16 if as stored)",
     "unwrap": "FP8 training wrappers to their master weights",
     "keep": "raw float8 data plus scales",
-    "quantize": "linear weights to FP8 e4m3 + per-channel scales (compressed-tensors)",
+    "quantize": "linear weights to FP8 e4m3 + scales (per channel unless fp8_scheme says)",
 }
 FP8_MODES = tuple(FP8_MODE_HELP)
 Fp8Mode = Literal["dequantize", "unwrap", "keep", "quantize"]
@@ -78,9 +78,14 @@ def check_mode(mode: str) -> Fp8Mode:
 
 
 def plan_fp8(
-    ck: Checkpoint, keys: Iterable[str], mode: str = "dequantize", dtype: str = DEFAULT_FP8_DTYPE
+    ck: Checkpoint,
+    keys: Iterable[str],
+    mode: str = "dequantize",
+    dtype: str = DEFAULT_FP8_DTYPE,
+    scheme: str = "channel",
 ) -> tuple[list[Output], dict[str, str]]:
-    """What to write for ``keys`` under ``mode`` (see the module docstring).
+    """What to write for ``keys`` under ``mode`` (see the module docstring; ``scheme``: how
+    ``"quantize"`` does, one of :data:`inspector.exporting.quantize.SCHEMES`).
 
     Returns the outputs in key order and, for keys that produce no output of their own,
     the reason (a scale consumed by its weight, a non-tensor entry).
@@ -103,7 +108,8 @@ def plan_fp8(
                 continue
             outputs.extend(
                 _quantized(
-                    ck, weight.key, weight.shape, dtype, mode, _logical_output(ck, weight, dtype)
+                    weight.key, weight.shape, dtype, mode, _logical_output(ck, weight, dtype),
+                    scheme,
                 )
             )
             if key != weight.key:
@@ -122,30 +128,32 @@ def plan_fp8(
             inner: Fp8Mode = "dequantize" if mode == "quantize" else mode
             made = _outputs(ck, entry, ck.detection(key), inner, dtype, pairs)
             if mode == "quantize" and len(made) == 1:
-                made = _quantized(ck, key, entry.shape, dtype, mode, made[0])
+                made = _quantized(key, entry.shape, dtype, mode, made[0], scheme)
             outputs.extend(made)
     return outputs, skipped
 
 
 def _quantized(
-    ck: Checkpoint,
     key: str,
     shape: tuple[int, ...] | None,
     dtype: str,
     mode: str,
     value: Output,
+    scheme: str,
 ) -> list[Output]:
-    """``value`` as FP8 ``key`` + ``key_scale`` when ``mode`` quantizes it, else as it is."""
+    """``value`` as FP8 ``key`` + its scale when ``mode`` quantizes it, else as it is."""
     from inspector.exporting import quantize
 
     if mode != "quantize" or not quantize.quantizable(key, shape, value.dtype):
         return [value]
-    made = quantize.Quantization(value.read, dtype)
-    rows = (shape[0], 1) if shape else None
-    text = f"{value.conversion or value.dtype} -> float8_e4m3fn, per-channel scale"
+    assert shape is not None
+    made = quantize.Quantization(value.read, dtype, scheme)
+    scale_shape, scale_dtype = quantize.scale_form(shape, dtype, scheme)
+    text = f"{value.conversion or value.dtype} -> float8_e4m3fn, {quantize.describe(scheme)}"
+    name = key + quantize.scale_suffix(scheme)
     return [
         Output(key, value.sources, text, made.weight, "float8_e4m3fn", shape, raw=True),
-        Output(f"{key}_scale", value.sources, f"scale of {key}", made.scale, dtype, rows, True),
+        Output(name, value.sources, f"scale of {key}", made.scale, scale_dtype, scale_shape, True),
     ]
 
 

@@ -64,7 +64,7 @@ def export_hf(request: ExportRequest) -> ExportResult:
     names = _names(planned)
     config = with_dtype(found.config, [p.item for p in planned])
     if request.fp8 == "quantize":
-        planned, quantization = _quantized(planned)
+        planned, quantization = _quantized(planned, request.fp8_scheme)
         config = config | {"quantization_config": quantization}
     items = [p.item for p in planned]
     for item in items:
@@ -126,23 +126,26 @@ def with_dtype(config: dict, items: list[Item]) -> dict:
     return config | dict.fromkeys(keys, dtype)
 
 
-def _quantized(planned: list[Planned]) -> tuple[list[Planned], dict]:
-    """The plan with its linear weights as FP8 + per-channel scale, and the config entry."""
+def _quantized(planned: list[Planned], scheme: str) -> tuple[list[Planned], dict]:
+    """The plan with its linear weights as FP8 + scale under ``scheme``, and the config
+    entry."""
     from inspector.exporting.quantize import split_items
 
-    split, entry = split_items([p.item for p in planned])
+    split, entry = split_items([p.item for p in planned], scheme)
     quantized = [
-        Planned(item, p.entry_key, (item.name,), _fp8_conversion(p, item, len(s)))
+        Planned(item, p.entry_key, (item.name,), _fp8_conversion(p, item, len(s), scheme))
         for p, s in zip(planned, split, strict=True)
         for item in s
     ]
     return quantized, entry
 
 
-def _fp8_conversion(planned: Planned, item: Item, parts: int) -> str | None:
+def _fp8_conversion(planned: Planned, item: Item, parts: int, scheme: str) -> str | None:
+    from inspector.exporting.quantize import describe
+
     if parts == 1:
         return planned.conversion
-    what = "per-channel scale" if item.name.endswith("_scale") else "to float8_e4m3fn"
+    what = "to float8_e4m3fn" if item.dtype == "float8_e4m3fn" else describe(scheme)
     return f"{planned.conversion or planned.entry_key}; {what}"
 
 

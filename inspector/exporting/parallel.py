@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,10 +70,12 @@ def write_safetensors(
     metadata: dict[str, str],
     skipped: dict[str, str],
     meter: Meter,
+    beside: Callable[[Iterable[str]], dict[str, str]] | None = None,
 ) -> tuple[list[Path], Path | None, dict[str, int]]:
     """The shards (or the one file ``single_name``) and index, as the one-process writer
-    lays them out. Returns the files, the index and each written item's CRC-32 by name (0
-    without ``request.verify``)."""
+    lays them out, and the text files ``beside(written names)`` names (config.json).
+    Returns the files, the index and each written item's CRC-32 by name (0 without
+    ``request.verify``)."""
     shards = planning.plan_shards(items, request.shard_limit)
     checksums, on_error = request.verify, request.on_error
     with atomic_files(folder, request.overwrite) as files:
@@ -105,6 +107,8 @@ def write_safetensors(
                 index = folder / INDEX_NAME
                 total = sum(i.nbytes for i in items if i.name in names)
                 files.temp_for(index).write_text(index_text(names, total))
+            for name, text in (beside(names) if beside is not None else {}).items():
+                files.temp_for(folder / name).write_text(text)
             return files.commit(), index
 
         written_files, index = engine.leader(finish)

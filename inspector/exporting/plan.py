@@ -136,10 +136,16 @@ def _refuse_or_skip(
 
 
 def outputs(
-    ck: Checkpoint, tensor_keys: list[str], mode: str, dtype: str | None, on_error: str
+    ck: Checkpoint,
+    tensor_keys: list[str],
+    mode: str,
+    dtype: str | None,
+    on_error: str,
+    scheme: str = "channel",
 ) -> tuple[list[Output], dict[str, str]]:
-    """The FP8 plan; planning scans chunk pickles, which can find damage that open did not."""
-    found, consumed = plan_fp8(ck, tensor_keys, mode, dtype or DEFAULT_FP8_DTYPE)
+    """The FP8 plan (``scheme``: how ``mode="quantize"`` does); planning scans chunk
+    pickles, which can find damage that open did not."""
+    found, consumed = plan_fp8(ck, tensor_keys, mode, dtype or DEFAULT_FP8_DTYPE, scheme)
     skipped: dict[str, str] = {}
     unreadable = set()
     for key in tensor_keys:

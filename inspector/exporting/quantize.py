@@ -1,13 +1,16 @@
-"""FP8 weights for serving: what ``fp8="quantize"`` writes, in compressed-tensors
-``float-quantized`` form (vLLM and transformers load it).
+"""FP8 weights for serving: what ``fp8="quantize"`` writes (vLLM and transformers load it).
 
 Each 2-D ``*.weight`` outside ``IGNORED`` (norms, embeddings, the output head) becomes
-float8_e4m3fn ``weight`` + ``weight_scale`` under one of ``SCHEMES``: ``"channel"`` (one
-scale per output row, compressed-tensors' FP8_DYNAMIC preset) or ``"block"`` (one per
-128x128 block, FP8_BLOCK, the DeepSeek-V3 layout). Values follow compressed-tensors'
-``calculate_qparams`` + ``quantize`` operation by operation, so they are bit-identical to
-its own compressor's for the same weight; ``quantization_config`` is what its
-``ModelCompressor`` writes into config.json for the scheme.
+float8_e4m3fn ``weight`` + a scale under one of ``SCHEMES`` (the ``fp8_scheme`` option):
+- ``"channel"``, ``"block"``: compressed-tensors ``float-quantized``, ``weight_scale`` in the
+  weight's dtype per output row (its FP8_DYNAMIC preset) or per 128x128 block (FP8_BLOCK).
+  Values follow compressed-tensors' ``calculate_qparams`` + ``quantize`` operation by
+  operation, so they are bit-identical to its own compressor's; ``quantization_config`` is
+  what its ``ModelCompressor`` writes into config.json.
+- ``"fine-grained"``: transformers' ``quant_method: fp8`` (FineGrainedFP8, the DeepSeek-V3 /
+  Qwen3-FP8 layout): float32 ``weight_scale_inv`` per 128x128 block, the block's max |w| /
+  448. Values follow transformers' ``Fp8Quantize`` (bit-identical); edge blocks are partial
+  (the weight is quantized as if zero-padded to whole blocks), an all-zero block has scale 1.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ if TYPE_CHECKING:
 
     import torch
 
-SCHEMES = ("channel", "block")
+SCHEME_HELP = {
+    "channel": "compressed-tensors, one scale per output row",
+    "block": "compressed-tensors, one scale per 128x128 block",
+    "fine-grained": "transformers' fp8 (DeepSeek-V3 layout): weight_scale_inv per 128x128 block",
+}
+SCHEMES = tuple(SCHEME_HELP)
+DEFAULT_SCHEME = "channel"
 BLOCK = 128
 FP8_MAX = 448.0
 IGNORED = re.compile(r"(^|\.)(lm_head|output|[^.]*embed[^.]*|[^.]*norm[^.]*)\.weight$")
@@ -41,15 +50,16 @@ def quantizable(key: str, shape: tuple[int, ...] | None, dtype: str | None) -> b
 
 
 def fp8_weight(weight: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float8_e4m3fn weight, scale in the weight's dtype) for ``scheme``."""
+    """(float8_e4m3fn weight, its scale) for ``scheme``: the scale in the weight's dtype
+    (compressed-tensors), float32 ``weight_scale_inv`` (``"fine-grained"``)."""
     import torch
 
+    if scheme == "fine-grained":
+        return _fine_grained(weight)
     if scheme == "channel":
         low, high = weight.amin(dim=1, keepdim=True), weight.amax(dim=1, keepdim=True)
     else:
-        rows, cols = weight.shape
-        padded = torch.nn.functional.pad(weight, (0, -cols % BLOCK, 0, -rows % BLOCK))
-        blocks = padded.reshape(padded.shape[0] // BLOCK, BLOCK, padded.shape[1] // BLOCK, BLOCK)
+        blocks = _blocked(weight)
         low, high = blocks.amin(dim=(1, 3)), blocks.amax(dim=(1, 3))
     scale = _scale(low, high)
     full = scale
@@ -62,18 +72,63 @@ def fp8_weight(weight: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.T
     return torch.clamp(scaled, -bound, bound).to(torch.float8_e4m3fn), scale
 
 
-class Quantization:
-    """Quantizes one weight (``read()`` in ``dtype``) once, and hands out its FP8 values,
-    then its scale; asked again, it quantizes again."""
+def _blocked(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` zero-padded to whole blocks, as (row blocks, BLOCK, column blocks, BLOCK)."""
+    import torch
 
-    def __init__(self, read: Callable[[], torch.Tensor], dtype: str) -> None:
-        self.read, self.dtype = read, dtype
+    rows, cols = weight.shape
+    padded = torch.nn.functional.pad(weight, (0, -cols % BLOCK, 0, -rows % BLOCK))
+    return padded.reshape(padded.shape[0] // BLOCK, BLOCK, padded.shape[1] // BLOCK, BLOCK)
+
+
+def _fine_grained(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``Fp8Quantize``: in float32, ``scale = 448 / max|block|`` (1 for a zero
+    block), FP8 = clamp(w * scale), stored ``weight_scale_inv = 1 / scale``."""
+    import torch
+
+    blocks = _blocked(weight.to(torch.float32))
+    largest = blocks.abs().amax(dim=(1, 3))
+    nonzero = largest > 0
+    scales = FP8_MAX / torch.where(nonzero, largest, torch.ones_like(largest))
+    scales = torch.where(nonzero, scales, torch.ones_like(scales))
+    inverse = (1.0 / scales).to(torch.float32)
+    scaled = blocks * scales[:, None, :, None]
+    fp8 = torch.clamp(scaled, -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    rows, cols = weight.shape
+    return fp8.reshape(scaled.shape[0] * BLOCK, -1)[:rows, :cols].contiguous(), inverse
+
+
+def scale_suffix(scheme: str) -> str:
+    """What the scale of ``<key>`` is written as: ``<key><suffix>``."""
+    return "_scale_inv" if scheme == "fine-grained" else "_scale"
+
+
+def scale_form(shape: tuple[int, ...], dtype: str, scheme: str) -> tuple[tuple[int, int], str]:
+    """The (shape, dtype name) of the scale of a ``dtype`` weight of ``shape``."""
+    if scheme == "channel":
+        return (shape[0], 1), dtype
+    return blocks_of(shape), "float32" if scheme == "fine-grained" else dtype
+
+
+def describe(scheme: str) -> str:
+    """How an export names the scale ``scheme`` writes, e.g. ``per-channel scale``."""
+    what = {"channel": "per-channel scale", "block": "128x128 block scale"}
+    return what.get(scheme, "128x128 block weight_scale_inv")
+
+
+class Quantization:
+    """Quantizes one weight (``read()`` in ``dtype``) under ``scheme`` once, and hands out
+    its FP8 values, then its scale; asked again, it quantizes again."""
+
+    def __init__(self, read: Callable[[], torch.Tensor], dtype: str, scheme: str) -> None:
+        self.read, self.dtype, self.scheme = read, dtype, scheme
         self._scale: torch.Tensor | None = None
 
     def weight(self) -> torch.Tensor:
         from inspector import dtypes
 
-        fp8, self._scale = fp8_weight(self.read().to(dtypes.to_torch(self.dtype)), "channel")
+        value = self.read().to(dtypes.to_torch(self.dtype))
+        fp8, self._scale = fp8_weight(value, self.scheme)
         return fp8
 
     def scale(self) -> torch.Tensor:
@@ -84,31 +139,35 @@ class Quantization:
         return scale
 
 
-def split_items(items: list[Item]) -> tuple[list[list[Item]], dict[str, Any]]:
-    """Each item as FP8 weight + per-channel scale items where :func:`quantizable` (else as
-    it is), and the ``quantization_config`` for them (:func:`config_of`)."""
+def split_items(
+    items: list[Item], scheme: str = DEFAULT_SCHEME
+) -> tuple[list[list[Item]], dict[str, Any]]:
+    """Each item as FP8 weight + scale items where :func:`quantizable` (else as it is), and
+    the ``quantization_config`` for them (:func:`config_of`)."""
     split: list[list[Item]] = []
     for item in items:
         if not quantizable(item.name, item.shape, item.dtype):
             split.append([item])
             continue
-        made = Quantization(item.produce, item.dtype)
-        scale = Item(f"{item.name}_scale", item.dtype, (item.shape[0], 1), made.scale)
+        made = Quantization(item.produce, item.dtype, scheme)
+        shape, dtype = scale_form(item.shape, item.dtype, scheme)
+        scale = Item(item.name + scale_suffix(scheme), dtype, shape, made.scale)
         split.append([Item(item.name, "float8_e4m3fn", item.shape, made.weight), scale])
-    return split, config_of([i.name for s in split for i in s])
+    return split, config_of([i.name for s in split for i in s], scheme)
 
 
-def config_of(names: Iterable[str]) -> dict[str, Any]:
+def config_of(names: Iterable[str], scheme: str = DEFAULT_SCHEME) -> dict[str, Any]:
     """The ``quantization_config`` of written tensors ``names``: every ``*.weight`` without a
-    ``*.weight_scale`` beside it, and ``lm_head`` (a tied head has no weight of its own),
-    is in the ignore list."""
+    scale beside it, and ``lm_head`` (a tied head has no weight of its own), is in the
+    ignore list."""
     names = set(names)
+    suffix = scale_suffix(scheme)
     ignore = {"lm_head"} | {
         n.removesuffix(".weight")
         for n in names
-        if n.endswith(".weight") and f"{n}_scale" not in names
+        if n.endswith(".weight") and n + suffix not in names
     }
-    return quantization_config("channel", sorted(ignore))
+    return quantization_config(scheme, sorted(ignore))
 
 
 def _scale(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
@@ -124,6 +183,14 @@ def _scale(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
 def quantization_config(scheme: str, ignore: list[str]) -> dict[str, Any]:
     """config.json's ``quantization_config`` for ``scheme`` (``ignore``: the modules left
     in high precision, by name)."""
+    if scheme == "fine-grained":
+        return {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [BLOCK, BLOCK],
+            "modules_to_not_convert": sorted(ignore),
+        }
     weights: dict[str, Any] = {
         "num_bits": 8,
         "type": "float",

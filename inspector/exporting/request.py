@@ -20,6 +20,7 @@ from inspector.errors import ExportError, UsageError
 from inspector.exporting import plan
 from inspector.exporting.base import Meter, Progress
 from inspector.exporting.fp8 import FP8_MODES
+from inspector.exporting.quantize import DEFAULT_SCHEME, SCHEME_HELP, SCHEMES
 from inspector.keys.generations import GENERATIONS
 from inspector.storage.remote import is_url
 
@@ -55,6 +56,7 @@ class ExportRequest:
     format: str = "auto"
     dtype: str | None = None
     fp8: str = "dequantize"
+    fp8_scheme: str = DEFAULT_SCHEME
     model_only: bool = True
     flatten: bool = True
     nested: bool = False
@@ -107,6 +109,10 @@ class ExportRequest:
         plan.check_choice("format", self.format, plan.EXPORT_FORMATS)
         plan.check_choice("on_error", self.on_error, plan.ON_ERROR)
         plan.check_choice("fp8", self.fp8, FP8_MODES)
+        plan.check_choice("fp8_scheme", self.fp8_scheme, SCHEMES)
+        if self.fp8_scheme != DEFAULT_SCHEME and self.fp8 != "quantize":
+            raise UsageError(f"fp8_scheme={self.fp8_scheme!r} applies to fp8='quantize', not "
+                             f"fp8={self.fp8!r}", option=("fp8_scheme", "fp8_scheme"))
         for name in ("model_only", "flatten", "nested", "overwrite", "verify", "progress",
                      "distributed"):
             if not isinstance(getattr(self, name), bool):
@@ -247,6 +253,8 @@ OPTIONS: tuple[Option, ...] = (
            tuple(GENERATIONS)),
     Option("dtype", "cast floating tensors, e.g. bfloat16", "--dtype"),
     Option("fp8", "how FP8 tensors are written", "--fp8", FP8_MODES, label="FP8 handling"),
+    Option("fp8_scheme", "with fp8 quantize: " + "; ".join(f"{k}: {v}" for k, v in
+           SCHEME_HELP.items()), "--fp8-scheme", SCHEMES, label="FP8 scheme"),
     Option("max_shard_size", "e.g. 5GB (decimal), 500MiB", "--max-shard-size"),
     Option("flatten", "keep the 'model.' prefix", "--keep-prefix", flag_value=False,
            label="model. prefix"),

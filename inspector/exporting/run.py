@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -248,7 +249,8 @@ def _write_parallel(job: Job, engine: Engine, meter: Meter) -> Written:
         name = request.out.name if single_file else plan.shard_names(1)[0]
         metadata = _metadata(ck, request)
         files, index, crcs = parallel.write_safetensors(
-            engine, job.spec, request, folder, name, items, metadata, job.skipped, meter
+            engine, job.spec, request, folder, name, items, metadata, job.skipped, meter,
+            functools.partial(_config_file, job),
         )
         return Written(files, index, 0, crcs)
     values = _pt_objects(ck, job.objects, request.on_error, job.skipped)
@@ -288,24 +290,26 @@ def _write_safetensors(job: Job, meter: Meter) -> Written:
             index = folder / INDEX_NAME
             total = sum(i.nbytes for i in items if i.name in weight_map)
             files.temp_for(index).write_text(index_text(weight_map, total))
-        config = _quantized_config(job, weight_map)
-        if config is not None:
-            files.temp_for(folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        for name, text in _config_file(job, weight_map).items():
+            files.temp_for(folder / name).write_text(text)
         written = files.commit()
     crcs = {k: crcs.get(k, 0) for k in weight_map}
     return Written([p for p in written if p != index], index, 0, crcs)
 
 
-def _quantized_config(job: Job, names: Iterable[str]) -> dict | None:
-    """With ``fp8="quantize"``, the config.json beside the source with the
-    ``quantization_config`` of what was written (None without a source config)."""
+def _config_file(job: Job, names: Iterable[str]) -> dict[str, str]:
+    """With ``fp8="quantize"``, config.json: the one beside the source with the
+    ``quantization_config`` of the tensors written, ``names`` (none without a source config)."""
     if job.request.fp8 != "quantize":
-        return None
+        return {}
     from inspector.exporting.model_weights import load_config
     from inspector.exporting.quantize import config_of
 
     config = load_config(None, None, job.ck)
-    return None if config is None else config | {"quantization_config": config_of(names)}
+    if config is None:
+        return {}
+    config |= {"quantization_config": config_of(names, job.request.fp8_scheme)}
+    return {CONFIG_NAME: json.dumps(config, indent=2) + "\n"}
 
 
 def _safetensors_layout(

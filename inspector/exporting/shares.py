@@ -69,13 +69,14 @@ class TensorPlan:
     rename: Any
     on_error: str
     tensors_only: bool
+    fp8_scheme: str = "channel"
 
     @classmethod
     def of(cls, ck: Checkpoint, request: ExportRequest) -> TensorPlan:
         return cls(
             SourceRef.of(ck), request.model_only, request.include, request.exclude, request.fp8,
             request.dtype, request.flatten, request.rename, request.on_error,
-            request.format != "pt",
+            request.format != "pt", request.fp8_scheme,
         )
 
     def make(self, ck: Checkpoint) -> tuple[list[Planned], dict[str, str], list[str]]:
@@ -86,7 +87,9 @@ class TensorPlan:
             ck, self.model_only, self.include, self.exclude, self.on_error, self.tensors_only
         )
         tensor_keys = [k for k in selected if ck.entry(k).kind == "tensor"]
-        found, consumed = plan.outputs(ck, tensor_keys, self.fp8, self.cast, self.on_error)
+        found, consumed = plan.outputs(
+            ck, tensor_keys, self.fp8, self.cast, self.on_error, self.fp8_scheme
+        )
         planned = plan.name_outputs(ck, found, self.cast, self.flatten, self.rename)
         objects = [k for k in selected if ck.entry(k).kind == "object"]
         return planned, skipped | consumed, objects

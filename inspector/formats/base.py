@@ -173,6 +173,7 @@ def bytes_view(tensor: torch.Tensor) -> memoryview:
 # --- weights stored in parts (grouped by formats/compressed_tensors.py) ---------------------
 
 MXFP4 = "mxfp4"
+FINE_GRAINED_FP8 = "fine-grained-fp8"  # transformers' quant_method fp8 (weight_scale_inv)
 # Quantization formats whose stored parts inspector.tensors.packed turns back into values.
 QUANT_FORMATS = frozenset(
     [
@@ -182,6 +183,7 @@ QUANT_FORMATS = frozenset(
         "pack-quantized",
         "nvfp4-pack-quantized",
         MXFP4,
+        FINE_GRAINED_FP8,
     ]
 )
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from inspector.entry import Entry
 from inspector.errors import InspectorError
+from inspector.formats import fine_grained_fp8
 from inspector.formats.base import MXFP4, LogicalWeight, Scheme, Source
 from inspector.storage.base import Storage
 
@@ -58,7 +59,8 @@ def read_config(storage: Storage, name: str) -> dict[str, Any] | None:
     quant = config.get("quantization_config") or config.get("compression_config")
     if not isinstance(quant, dict):
         return None
-    return quant if quant.get("quant_method") in (COMPRESSED_TENSORS, MXFP4) else None
+    methods = (COMPRESSED_TENSORS, MXFP4, fine_grained_fp8.QUANT_METHOD)
+    return quant if quant.get("quant_method") in methods else None
 
 
 def group(
@@ -74,6 +76,8 @@ def group(
         return {}
     if config.get("quant_method") == MXFP4:
         return _mxfp4(entries)
+    if config.get("quant_method") == fine_grained_fp8.QUANT_METHOD:
+        return fine_grained_fp8.group(entries, config)
     groups = _config_groups(config)
     found: dict[str, LogicalWeight] = {}
     for key in entries:

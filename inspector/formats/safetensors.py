@@ -23,7 +23,7 @@ from inspector.errors import CorruptCheckpointError, ExportError, UnsupportedErr
 from inspector.formats.base import ChunkValue, Step, StoredRecord, bytes_view, parse_json
 from inspector.formats.safe_pickle import TensorRef
 from inspector.formats.torch_archive import contiguous_strides
-from inspector.formats.writing import Item, write_item
+from inspector.formats.writing import Item, produced_ahead, write_item
 from inspector.storage.base import ByteRange, Storage
 from inspector.storage.copy import write_all
 from inspector.storage.writeback import durable
@@ -402,7 +402,7 @@ def write_safetensors(
     crcs = {}
     with open(path, "wb", buffering=0) as f, durable(f.fileno(), progress) as written:
         write_all(f.fileno(), header_bytes(items, metadata))
-        for item in items:
+        for item in produced_ahead(items):
             crc = write_item(f.fileno(), item, crc=checksums)
             if checksums:
                 crcs[item.name] = crc

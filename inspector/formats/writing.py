@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,6 +63,36 @@ def write_item(fd: int, item: Item, *, crc: bool) -> int:
     data = bytes_view(tensor)
     write_all(fd, data)
     return crc32(data) if crc else 0
+
+
+def produced_ahead(items: Sequence[Item]) -> Iterator[Item]:
+    """``items`` in order, each one made by ``produce()`` (no stored bytes to copy) made in
+    a thread while the caller writes the one before it, when that one was made so too:
+    converting overlaps writing, one tensor ahead at most, and items are still produced in
+    order, one at a time (a weight's FP8 values before its scale)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, "inspector-produce")
+    futures: dict[int, Future[torch.Tensor]] = {}
+
+    def submit(index: int) -> None:
+        if index < len(items) and items[index].ranges is None and index not in futures:
+            futures[index] = pool.submit(items[index].produce)
+
+    def taken(box: list[Future[torch.Tensor]]) -> torch.Tensor:
+        return box.pop().result()  # forgets the tensor: the writer holds the only reference
+
+    try:
+        for index, item in enumerate(items):
+            submit(index)
+            if index in futures:
+                submit(index + 1)
+            if index in futures:
+                box = [futures.pop(index)]
+                item = dataclasses.replace(item, produce=functools.partial(taken, box))
+            yield item
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def produced(item: Item) -> torch.Tensor:

@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from inspector.formats.base import MXFP4, Scheme
-from inspector.tensors.dequant import FP4_E2M1, sub_byte_table, unpack_fp4
+from inspector.formats.base import FINE_GRAINED_FP8, MXFP4, Scheme
+from inspector.tensors.dequant import FP4_E2M1, e8m0_to_float32, sub_byte_table, unpack_fp4
 
 
 class SchemeError(ValueError):
@@ -91,20 +91,28 @@ def _affine(
     if global_scale is not None:
         scale = scale / global_scale
     value = q.to(scale.dtype)
+    # In place on the cast's own new tensor (same values, no second weight-sized buffer).
+    own = value is not q and all(_fits(t, value) for t in (scale, zero_point) if t is not None)
     if zero_point is not None:
-        value = value - zero_point.to(scale.dtype)
-    return value * scale
+        zp = zero_point.to(scale.dtype)
+        value = value.sub_(zp) if own else value - zp
+    return value.mul_(scale) if own else value * scale
+
+
+def _fits(scale: torch.Tensor, values: torch.Tensor) -> bool:
+    """Whether ``scale`` broadcasts over ``values`` (checked by hand: torch.broadcast_shapes
+    imports torch.fx, seconds on first use)."""
+    short, long = tuple(scale.shape), tuple(values.shape)
+    return len(short) <= len(long) and all(
+        s in (1, n) for s, n in zip(reversed(short), reversed(long), strict=False)
+    )
 
 
 def _check_fits(scale: torch.Tensor, values: torch.Tensor) -> None:
-    """``scale`` broadcasts over ``values`` (checked by hand: torch.broadcast_shapes imports
-    torch.fx, seconds on first use)."""
-    short, long = tuple(scale.shape), tuple(values.shape)
-    fits = len(short) <= len(long) and all(
-        s in (1, n) for s, n in zip(reversed(short), reversed(long), strict=False)
-    )
-    if not fits:
-        raise SchemeError(f"scale of shape {list(short)} does not fit a weight of {list(long)}")
+    if not _fits(scale, values):
+        raise SchemeError(
+            f"scale of shape {list(scale.shape)} does not fit a weight of {list(values.shape)}"
+        )
 
 
 def _blocks(
@@ -127,7 +135,17 @@ def _blocks(
 
 def compressed(parts: dict[str, torch.Tensor], scheme: Scheme) -> torch.Tensor:
     """The weight that compressed-tensors' compressor for ``scheme.format`` decompresses
-    ``parts`` (local names: ``weight_packed``, ``weight_scale``, ...) into."""
+    ``parts`` (local names: ``weight_packed``, ``weight_scale``, ...) into; transformers'
+    fine-grained FP8: ``weight * weight_scale_inv`` in float32, as its ``Fp8Dequantize``."""
+    if scheme.format == FINE_GRAINED_FP8:
+        weight, inverse = parts["weight"], parts["weight_scale_inv"]
+        blocks = scheme.block_structure or weight.shape
+        grid = [math.ceil(n / b) for n, b in zip(weight.shape, blocks, strict=False)]
+        if inverse.numel() != 1 and list(inverse.shape) != grid:
+            raise SchemeError(f"weight_scale_inv of shape {list(inverse.shape)} does not fit a "
+                              f"weight of {list(weight.shape)} in blocks of {list(blocks)}")
+        inverse = e8m0_to_float32(inverse) if inverse.dtype == torch.uint8 else inverse.float()
+        return dequantize_args(weight, inverse, None, scheme)
     scale = parts["weight_scale"]
     zero_point = parts.get("weight_zero_point")
     if scheme.format == "nvfp4-pack-quantized":

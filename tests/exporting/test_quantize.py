@@ -162,22 +162,29 @@ def test_hf_export_writes_a_folder_transformers_loads(torchtitan_models, tmp_pat
         assert same_bits(load_file(out / "model.safetensors")[key], fp8), key
 
 
-def test_transformers_loads_the_quantized_folder(tmp_path: Path) -> None:
-    """transformers (with compressed-tensors) loads the folder, and after its own
-    decompression every linear weight equals what inspector reads back."""
+def tiny_llama(folder: Path, hidden: int) -> None:
+    """A one-layer bfloat16 Llama (``hidden`` wide, MLP twice that) saved by transformers."""
     import transformers
 
     config = transformers.LlamaConfig(
         vocab_size=64,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=1,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=32,
     )
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "src")
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+
+
+def test_transformers_loads_the_quantized_folder(tmp_path: Path) -> None:
+    """transformers (with compressed-tensors) loads the folder, and after its own
+    decompression every linear weight equals what inspector reads back."""
+    import transformers
+
+    tiny_llama(tmp_path / "src", 64)
     out = tmp_path / "fp8"
     inspector.export(tmp_path / "src", out, fp8="quantize", progress=False)
     model, info = transformers.AutoModelForCausalLM.from_pretrained(

@@ -432,14 +432,15 @@ class Checkpoint:
             value = self.source.read_chunk(entry, index)
             return to_plain(value, file=self._file_of(entry, index), key=key)
 
-    def byte_ranges(self, key: str) -> list[ByteRange] | None:
+    def byte_ranges(self, key: str, *, stored: bool = False) -> list[ByteRange] | None:
         """The byte ranges that, concatenated, are the tensor's row-major bytes; None when
         its chunks are not plain bytes tiling it along dim 0 (or it is a subclass, or a
-        logical weight made from parts)."""
-        if key in self.logical:
+        logical weight made from parts). ``stored``: a logical weight's own stored part's
+        ranges (its raw float8 ``weight``), as ``stored_entry`` describes it."""
+        if key in self.logical and not stored:
             self._readable(key, "tensor")
             return None
-        entry = self._readable(key, "tensor")
+        entry = self._readable_stored(key) if stored else self._readable(key, "tensor")
         chunks = sorted(enumerate(entry.chunks), key=lambda pair: pair[1].offsets)
         shape, row = entry.shape or (), 0
         ranges = []

@@ -147,10 +147,10 @@ def _written_problem(written: Checkpoint, key: str, item: Item, crc: int) -> str
     """Why the output's tensor ``key`` is not what was written, or None."""
     if key not in written:
         return "missing from the output"
-    entry = written.entry(key)
+    entry = written.stored_entry(key)  # a quantized weight's stored part, not its value
     if (entry.dtype, entry.shape) != (item.dtype, item.shape):
         return f"output holds {entry.dtype} {list(entry.shape or ())}"
-    ranges = written.byte_ranges(key)
+    ranges = written.byte_ranges(key, stored=True)
     if ranges is None:
         return "output bytes are not plain"
     found = ranges_crc(ranges)

@@ -44,7 +44,7 @@ def default_out(ck: Checkpoint, folder: str | os.PathLike = "exports") -> Path:
 
 
 # The export options the app's form holds, and its defaults where they are not the API's.
-FORM_OPTIONS = ("format", "dtype", "fp8", "model_only", "flatten", "max_shard_size",
+FORM_OPTIONS = ("format", "dtype", "fp8", "fp8_scheme", "model_only", "flatten", "max_shard_size",
                 "overwrite", "verify", "arch", "hf_assets", "hf_config", "workers")
 FORM_DEFAULTS = {"format": "safetensors", "arch": "auto"}
 

@@ -457,3 +457,26 @@ def test_export_presets(demo_dir: Path, fp8_app: Inspector, tmp_path: Path) -> N
     q_proj = "model.layers.0.self_attn.q_proj"
     assert tensors[f"{q_proj}.weight"].dtype == torch.float8_e4m3fn
     assert tensors[f"{q_proj}.weight_scale"].shape[0] == tensors[f"{q_proj}.weight"].shape[0]
+
+
+def test_fp8_scheme_field_follows_quantize(demo_dir: Path, tmp_path: Path) -> None:
+    app = Inspector(demo_dir / "llama_hf" / "checkpoint")
+    app.header.wait()
+    export = app.export
+    assert export.fp8_scheme.layout.display == "none"  # nothing quantizes yet
+    export.preset_buttons["serve_fp8"].click()
+    assert export.fp8_scheme.layout.display == ""
+    export.fp8_scheme.value = "fine-grained"
+    export.hf_assets.value = str(demo_dir / "llama_hf" / "assets")
+    export.out.value = str(tmp_path / "served")
+    export.export_button.click()
+    export.wait()
+    assert "verified" in text(export.outcome), text(export.outcome)
+    config = json.loads((tmp_path / "served" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "fp8"
+    assert config["quantization_config"]["weight_block_size"] == [128, 128]
+    tensors = load_file(tmp_path / "served" / "model.safetensors")
+    assert tensors["model.layers.0.self_attn.q_proj.weight_scale_inv"].dtype == torch.float32
+    export.fp8.value = "dequantize"  # the scheme chosen stays out of a dequantizing export
+    assert export.fp8_scheme.layout.display == "none"
+    assert export._read_form().values["fp8_scheme"] == "channel"

@@ -25,6 +25,7 @@ from inspector.exporting.options import (
     default_out,
 )
 from inspector.exporting.plan import CAST_DTYPES, suggested_workers
+from inspector.exporting.quantize import SCHEME_HELP
 from inspector.exporting.request import OPTION
 from inspector.ui.views.text import human_bytes
 from inspector.ui.widgets.errors import ErrorBox, error_html
@@ -160,6 +161,13 @@ class ExportPanel(w.VBox):
             layout=w.Layout(width="560px"),
             style=_WIDE,
         )
+        self.fp8_scheme = w.Dropdown(
+            options=[(f"{s}: {SCHEME_HELP[s]}", s) for s in OPTION["fp8_scheme"].choices or ()],
+            value=OPTION["fp8_scheme"].default,
+            **labelled("fp8_scheme"),
+            layout=w.Layout(width="560px"),
+            style=_WIDE,
+        )
         self.model_only = w.Checkbox(value=True, **labelled("model_only"))
         self.flatten = w.ToggleButtons(
             options=[("flatten", True), ("keep prefix", False)],
@@ -190,6 +198,7 @@ class ExportPanel(w.VBox):
         self.export_button.on_click(errors.guard("Starting the export")(lambda _: self.start()))
         self.format.observe(lambda _: self._show_format_fields(), names="value")
         self.arch.observe(lambda _: self._show_format_fields(), names="value")
+        self.fp8.observe(lambda _: self._show_scheme(), names="value")
         self._arch_auto: tuple[bool, str] | None = None
         self._show_rename()
         self._show_format_fields()
@@ -205,6 +214,7 @@ class ExportPanel(w.VBox):
                 self.hf_config,
                 self.dtype,
                 self.fp8,
+                self.fp8_scheme,
                 self.flatten,
                 self.model_only,
                 self.max_shard_size,
@@ -228,6 +238,7 @@ class ExportPanel(w.VBox):
         """The FP8 handling field and the Dequantize preset, shown only for a checkpoint with
         FP8 or quantized tensors (the header's scan says whether it has)."""
         self.fp8.layout.display = "" if found else "none"
+        self._show_scheme()
         for name, preset in PRESETS.items():
             if preset.quantized_only:
                 self.preset_buttons[name].layout.display = "" if found else "none"
@@ -238,6 +249,7 @@ class ExportPanel(w.VBox):
         for field, value in preset.fields.items():
             getattr(self, field).value = value
         self.fp8.layout.display = ""  # the FP8 handling it chose is in sight
+        self._show_scheme()
         self.preset.value = (
             f'<div style="margin-bottom:6px">{badge("preset", "info")} '
             f"<b>{esc(preset.label)}</b>: {esc(preset.help)}. Choose the output and press "
@@ -255,6 +267,11 @@ class ExportPanel(w.VBox):
             f"FP8: <b>{esc(mode)}</b> ({esc(FP8_MODE_HELP[mode])}). Choose the output and "
             "press Export.</div>"
         )
+
+    def _show_scheme(self) -> None:
+        """The FP8 scheme field, only while the FP8 handling in sight quantizes."""
+        quantize = self.fp8.layout.display != "none" and self.fp8.value == "quantize"
+        self.fp8_scheme.layout.display = "" if quantize else "none"
 
     def _clear_rename(self, _button: object) -> None:
         self.options.clear_rename()
@@ -290,6 +307,8 @@ class ExportPanel(w.VBox):
             name: getattr(self, name).value for name in FORM_OPTIONS if name != "verify"
         }
         options.values["dtype"] = options.values["dtype"] or None  # "as stored" is ""
+        if self.fp8_scheme.layout.display == "none":  # a scheme chosen, then not quantizing
+            options.values["fp8_scheme"] = OPTION["fp8_scheme"].default
         options.out = self.out.value
         options.arguments()
         return options

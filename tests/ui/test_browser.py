@@ -464,3 +464,32 @@ def test_stats_shows_the_numbers_before_the_histogram(
         image = page.locator(".inspector-histogram")
         until(lambda: image.evaluate("img => img.naturalWidth") > 0 and image.is_visible(),
               "the histogram after the numbers")
+
+
+def test_errors_show_where_they_happen(page, lab: Lab, demo_dir: Path, tmp_path: Path) -> None:
+    top = page.locator(".inspector-app > .inspector-error")  # the app's own box, above the tabs
+    with screenshot(page, tmp_path / "errors.png", lab):
+        open_in_app(page, demo_dir / "flat")
+        tab(page, "Compare")
+        page.locator(".inspector-compare-with input").fill(" ")
+        page.locator(".inspector-compare").click()
+        failures = page.locator(".inspector-tabs .inspector-failure")
+
+        def shown_failures() -> str:
+            return " ".join(f.inner_text() for f in failures.all() if f.is_visible())
+
+        until(lambda: "The comparison failed." in shown_failures(), "the error in its panel")
+        assert "nothing to compare with" in shown_failures()
+        assert top.inner_text().strip() == ""  # shown in the Compare panel only
+        tab(page, "Keys")
+        assert shown_failures() == ""  # not in the Keys panel
+        shown = rows(page)
+        missing = tmp_path / "no-such-checkpoint"
+        page.locator(".inspector-path input").fill(str(missing))
+        page.locator(".inspector-open").click()
+        until(lambda: "Opening the checkpoint failed." in top.inner_text(), "the open error")
+        assert str(missing) in top.inner_text()
+        assert str(demo_dir / "flat") in page.locator(".inspector-where").inner_text()
+        assert rows(page) == shown  # the checkpoint open before stays on screen
+        tree = page.locator(".inspector-rows").first
+        assert top.bounding_box()["y"] < tree.bounding_box()["y"]  # the error above it

@@ -20,6 +20,7 @@ from inspector.exporting.request import OPTION
 from inspector.ui.views.text import human_bytes
 from inspector.ui.widgets import Inspector
 from inspector.ui.widgets.app import TABS
+from inspector.ui.widgets.export import ExportPanel
 
 WQ = "layers.0.attention.wq.weight"
 
@@ -446,17 +447,22 @@ def test_export_presets(demo_dir: Path, fp8_app: Inspector, tmp_path: Path) -> N
     export.preset_buttons["serve_fp8"].click()
     assert (export.format.value, export.fp8.value) == ("hf", "quantize")
     assert export.fp8.layout.display == ""
-    export.hf_assets.value = str(demo_dir / "llama_hf" / "assets")
-    export.out.value = str(tmp_path / "served")
-    export.export_button.click()
-    export.wait()
-    assert "verified" in text(export.outcome), text(export.outcome)
-    config = json.loads((tmp_path / "served" / "config.json").read_text())
+    config, tensors = _serve(export, demo_dir, tmp_path / "served")
     assert config["quantization_config"]["format"] == "float-quantized"
-    tensors = load_file(tmp_path / "served" / "model.safetensors")
     q_proj = "model.layers.0.self_attn.q_proj"
     assert tensors[f"{q_proj}.weight"].dtype == torch.float8_e4m3fn
     assert tensors[f"{q_proj}.weight_scale"].shape[0] == tensors[f"{q_proj}.weight"].shape[0]
+
+
+def _serve(export: ExportPanel, demo_dir: Path, out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Export the llama_hf demo as the form is set, into ``out`` with its assets; the
+    written config and tensors, once the export says it verified them."""
+    export.hf_assets.value = str(demo_dir / "llama_hf" / "assets")
+    export.out.value = str(out)
+    export.export_button.click()
+    export.wait()
+    assert "verified" in text(export.outcome), text(export.outcome)
+    return json.loads((out / "config.json").read_text()), load_file(out / "model.safetensors")
 
 
 def test_fp8_scheme_field_follows_quantize(demo_dir: Path, tmp_path: Path) -> None:
@@ -467,15 +473,9 @@ def test_fp8_scheme_field_follows_quantize(demo_dir: Path, tmp_path: Path) -> No
     export.preset_buttons["serve_fp8"].click()
     assert export.fp8_scheme.layout.display == ""
     export.fp8_scheme.value = "fine-grained"
-    export.hf_assets.value = str(demo_dir / "llama_hf" / "assets")
-    export.out.value = str(tmp_path / "served")
-    export.export_button.click()
-    export.wait()
-    assert "verified" in text(export.outcome), text(export.outcome)
-    config = json.loads((tmp_path / "served" / "config.json").read_text())
+    config, tensors = _serve(export, demo_dir, tmp_path / "served")
     assert config["quantization_config"]["quant_method"] == "fp8"
     assert config["quantization_config"]["weight_block_size"] == [128, 128]
-    tensors = load_file(tmp_path / "served" / "model.safetensors")
     assert tensors["model.layers.0.self_attn.q_proj.weight_scale_inv"].dtype == torch.float32
     export.fp8.value = "dequantize"  # the scheme chosen stays out of a dequantizing export
     assert export.fp8_scheme.layout.display == "none"

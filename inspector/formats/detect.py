@@ -54,7 +54,7 @@ def open_source(storage: Storage, name: str = "") -> Source:
             return TorchCheckpointingSource(storage)
         if looks_like_deepspeed(storage):
             return DeepSpeedSource(storage)
-        return open_run(storage, open_source, open_folder) or open_folder(storage)
+        return open_run(storage, open_source, open_folder, open_source) or open_folder(storage)
     if storage.kind(name) == "dir":
         return open_source(storage.child(name))
     if name.endswith(dcp.METADATA_FILE) and "/" not in name and dcp.metadata_files(storage):

@@ -31,6 +31,19 @@ class LayoutNote:
 
 
 @dataclass(frozen=True)
+class StepFiles:
+    """A run folder saved one file per step (Lightning's ``ModelCheckpoint``): which files are
+    steps (``files``, a glob), the step number in a name (``number``, a regex searched in it,
+    its group the number), else the stored key holding it (``counter``), and the name of the
+    file that repeats the newest step (``last``, a regex) rather than being one of its own."""
+
+    files: str
+    number: str
+    counter: str
+    last: str
+
+
+@dataclass(frozen=True)
 class Producer:
     """One producer's profile.
 
@@ -56,7 +69,8 @@ class Producer:
     - ``prefixes``: nested-path heads -> what they mean for this producer; ``layouts``:
       layout name -> what it means for its loader.
     - Run folders: ``step_dir`` (a regex whose group is the step number) and ``tracker``
-      (the file naming the latest step, and the folder its value names: ``{}``).
+      (the file naming the latest step, and the folder its value names: ``{}``); or
+      ``step_files`` when each step is one file.
     """
 
     name: str
@@ -76,6 +90,7 @@ class Producer:
     layouts: Mapping[str, LayoutNote] = field(default_factory=lambda: MappingProxyType({}))
     step_dir: str | None = None
     tracker: tuple[str, str] | None = None
+    step_files: StepFiles | None = None
 
     def found_in(self, files: Iterable[str], paths: Iterable[Path]) -> str | None:
         """The first piece of evidence for this producer among the folder's ``files``
@@ -226,6 +241,11 @@ LIGHTNING = Producer(
                 "'state_dict.')."
             )
         }
+    ),
+    # ModelCheckpoint's default name is "{epoch}-{step}" (epoch=0-step=10.ckpt); save_last
+    # writes last.ckpt (last-v1.ckpt beside an older one) as a copy of the newest step.
+    step_files=StepFiles(
+        "*.ckpt", r"(?:^|[^A-Za-z0-9_])step=([0-9]+)", "global_step", r"last(?:-v[0-9]+)?\.ckpt"
     ),
 )
 ACCELERATE = Producer(

@@ -1,27 +1,37 @@
 """Training-run folders: a folder of saved steps (each producer's run-folder rule, from its
 profile: torchtitan ``step-N/``, torch_checkpointing ``step_N/``, Megatron ``iter_NNNNNNN/``
 with ``latest_checkpointed_iteration.txt``, DeepSpeed ``global_stepN/`` with ``latest``,
-Hugging Face Trainer ``checkpoint-N/``, accelerate ``checkpoint_N/``) opens as its latest
-step, and says which it chose and which others exist (the source's ``steps``).
+Hugging Face Trainer ``checkpoint-N/``, accelerate ``checkpoint_N/``; or a folder of step
+files: Lightning's ``*.ckpt``) opens as its latest step, and says which it chose and which
+others exist (the source's ``steps``).
 
 The latest is the one a tracker file names, else the highest number. A step whose save
 did not finish is passed over for the one before it (noted); torch_checkpointing's
-uncommitted ``tmp_<name>/`` folders are never chosen.
+uncommitted ``tmp_<name>/`` folders are never chosen. A step file is numbered from its name,
+else from the step counter stored in it; a file that only repeats the newest step
+(Lightning's ``last.ckpt``) is noted, not listed.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from inspector.errors import CheckpointFileMissingError, CorruptCheckpointError, UnfinishedSaveError
+from inspector.errors import (
+    CheckpointFileMissingError,
+    CorruptCheckpointError,
+    InspectorError,
+    UnfinishedSaveError,
+)
 from inspector.formats.base import Source, Step
-from inspector.formats.producers import PROFILES
+from inspector.formats.producers import PROFILES, StepFiles
 from inspector.storage.base import Storage
 
 RELEASE = "release"
 STEP_DIRS = {p.name: re.compile(p.step_dir) for p in PROFILES if p.step_dir}
 TRACKERS = dict(p.tracker for p in PROFILES if p.tracker)  # file -> the folder it names
+STEP_FILES = {p.name: p.step_files for p in PROFILES if p.step_files}
 UNCOMMITTED = "tmp_"
 _MAX_TRACKER_BYTES = 64
 # Files that make the folder a checkpoint of its own (a Trainer's output folder holds the
@@ -29,19 +39,22 @@ _MAX_TRACKER_BYTES = 64
 _CHECKPOINT_FILES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".index.json", ".distcp")
 
 Opener = Callable[[Storage], Source]
+FileOpener = Callable[[Storage, str], Source]
 
 
-def open_run(storage: Storage, open_step: Opener, open_here: Opener) -> Source | None:
+def open_run(
+    storage: Storage, open_step: Opener, open_here: Opener, open_file: FileOpener
+) -> Source | None:
     """The run's latest step opened with ``open_step`` (or the folder itself with
-    ``open_here`` when it also holds checkpoint files), its ``steps`` set; None when the
-    folder holds no steps."""
+    ``open_here`` when it also holds checkpoint files; a step file with ``open_file``), its
+    ``steps`` set; None when the folder holds no steps."""
     listed = storage.list()
     dirs = [name for name, kind in listed if kind == "dir"]
     steps = _steps(dirs)
     pending = [d for d in dirs if d.startswith(UNCOMMITTED) and _steps([d[len(UNCOMMITTED) :]])]
     tracker = next((t for t in TRACKERS if (t, "file") in listed), None)
     if not steps and not pending and tracker is None:
-        return None
+        return _file_run(storage, listed, open_file)
     notes = [f"ignored {d}/: a save that was never committed" for d in pending]
     files = [name for name, kind in listed if kind == "file" and name.endswith(_CHECKPOINT_FILES)]
     if files:
@@ -73,6 +86,89 @@ def _steps(dirs: list[str]) -> list[tuple[str, int | None]]:
     ]
     found.sort(key=lambda step: step[1])
     return [*found, *([(RELEASE, None)] if RELEASE in dirs else [])]
+
+
+def _file_run(
+    storage: Storage, listed: Sequence[tuple[str, str]], open_file: FileOpener
+) -> Source | None:
+    """The newest step of a folder saved one file per step (a producer's ``step_files``),
+    its ``steps`` set; None when the folder is no such run (judged by the files' content)."""
+    files = [name for name, kind in listed if kind == "file"]
+    for producer, rule in STEP_FILES.items():
+        found = sorted(n for n in files if fnmatch.fnmatchcase(n, rule.files))
+        run = _StepFiles(storage, producer, rule, open_file).run(found) if len(found) > 1 else None
+        if run is not None:
+            return run
+    return None
+
+
+class _StepFiles:
+    """One producer's step files in a folder, each opened at most once."""
+
+    def __init__(self, storage: Storage, producer: str, rule: StepFiles, opener: FileOpener):
+        self.storage, self.producer, self.rule, self.opener = storage, producer, rule, opener
+        self.opened: dict[str, Source] = {}
+        self.notes: list[str] = []
+
+    def run(self, found: list[str]) -> Source | None:
+        """The newest step that opens, the others listed; None when the files are not the
+        producer's."""
+        last = [n for n in found if re.fullmatch(self.rule.last, n)]
+        steps: list[tuple[str, int | None]] = []
+        for name in (n for n in found if n not in last):
+            match = re.search(self.rule.number, name)
+            number = int(match.group(1)) if match else self._counted(name)
+            if number is not None:
+                steps.append((name, number))
+        for name in last:
+            number = self._counted(name)
+            same = next((step for step, n in steps if n == number), None)
+            if same is not None:
+                self.notes.append(f"{name} repeats step {number} ({same}): not a step of its own")
+            elif number is not None:
+                steps.append((name, number))
+        steps.sort(key=lambda step: step[1] or 0)
+        for newest, _ in reversed(steps):
+            source = self._open(newest)
+            if source is None:
+                continue
+            if source.producer != self.producer:
+                return None
+            chose = f"opened the latest step, {newest}, of {len(steps)} saved step(s)"
+            return _attached(source, self.storage, steps, newest, [chose, *self.notes])
+        return None
+
+    def _open(self, name: str) -> Source | None:
+        """The file opened (once); None, noted, when it does not open."""
+        if name not in self.opened:
+            try:
+                self.opened[name] = self.opener(self.storage, name)
+            except InspectorError as exc:
+                self.notes.append(f"passed over {name}: {exc}")
+                return None
+        return self.opened[name]
+
+    def _counted(self, name: str) -> int | None:
+        """The step number stored in the file; None (noted) when the file has none."""
+        source = self._open(name)
+        if source is None:
+            return None
+        if source.producer != self.producer:
+            self.notes.append(f"passed over {name}: not written by {self.producer}")
+            return None
+        key = self.rule.counter
+        entry = next((e for e in source.entries() if e.key == key), None)
+        value = source.read_object(entry) if entry is not None and entry.kind == "object" else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        error = CorruptCheckpointError(
+            f"holds no step number (a {self.producer} step file keeps it under {key!r}; "
+            f"found {'nothing' if entry is None else repr(value)[:40]})",
+            file=self.storage.describe(name),
+            key=key,
+        )
+        self.notes.append(f"passed over {name}: {error}")
+        return None
 
 
 def _tracked(storage: Storage, tracker: str, steps: list[tuple[str, int | None]]) -> str:

@@ -154,7 +154,7 @@ class ModelWeights:
         )
         key = self._keys[output.source]
         ranges = functools.partial(self.ck.byte_ranges, key) if plain and fp8.name == key else None
-        if output.index is not None and not cast and fp8.name == key and fp8.conversion is None:
+        if not plain and not cast and fp8.name == key and fp8.conversion is None:
             ranges = functools.partial(slice_bytes, self.ck, key, output.index, output.transform)
         return Item(output.name, dtype, output.shape, produce, ranges)
 
@@ -174,23 +174,24 @@ class ModelWeights:
 
 
 def slice_bytes(
-    ck: Checkpoint, key: str, index: int, transform: object = None
+    ck: Checkpoint, key: str, index: int | None, transform: object = None
 ) -> list[ByteRange] | None:
-    """Where slice ``index`` of the leading axis (or the blocks of it ``transform`` picks: an
-    expert, a row range, a QKV part's rows in each query group) lies as contiguous plain
-    bytes of stored chunks (a Megatron layer, or expert, at TP=1), so it is copied, not
-    read; else None."""
+    """Where slice ``index`` of the leading axis (the whole tensor for None), or the blocks
+    of it ``transform`` picks (an expert, a row range, a QKV part's rows in each query
+    group, a trimmed vocabulary) lies as contiguous plain bytes of stored chunks (a Megatron
+    layer, or expert, at TP=1), so it is copied, not read; else None."""
     from inspector.exporting.hf import transforms
 
     entry = ck.entry(key)
     shape = tuple(entry.shape or ())
-    found = transforms.blocks(transform or transforms.copy, shape[1:])
+    lead = () if index is None else (index,)
+    found = transforms.blocks(transform or transforms.copy, shape[len(lead) :])
     if found is None:
         return None
-    itemsize = dtypes.to_torch(entry.dtype or "float32").itemsize
+    itemsize = dtypes.itemsize(entry.dtype or "float32")
     ranges = []
     for start, size in found:
-        byte_range = _block_bytes(ck, entry, (index, *start), (1, *size), itemsize)
+        byte_range = _block_bytes(ck, entry, (*lead, *start), (1,) * len(lead) + size, itemsize)
         if byte_range is None:
             return None
         ranges.append(byte_range)

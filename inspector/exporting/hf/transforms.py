@@ -94,9 +94,9 @@ def blocks(
     transform: object, shape: tuple[int, ...]
 ) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
     """Where the transform's output lies in its input of ``shape`` as blocks ``(offsets,
-    sizes)`` in output order, when it is such blocks (a copy, an expert, a row range of each
-    group: a QKV part is one block per query group), so its stored bytes can be copied as
-    they are; None when it computes."""
+    sizes)`` in output order, when it is such blocks (a copy, an expert, the first rows, a
+    row range of each group: a QKV part is one block per query group), so its stored bytes
+    can be copied as they are; None when it computes."""
     function = getattr(transform, "func", transform)
     arguments = getattr(transform, "keywords", {})
     zeros = (0,) * len(shape)
@@ -113,6 +113,8 @@ def blocks(
         sizes, part = arguments["sizes"], arguments["part"]
         start = (arguments["index"], sum(sizes[:part]), *zeros[2:])
         return [(start, (1, sizes[part], *shape[2:]))]
+    if function is first_rows:
+        return [(zeros, (arguments["rows"], *shape[1:]))]
     return None
 
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
     from inspector.checkpoint import Checkpoint
+    from inspector.entry import Entry
     from inspector.exporting import hf
     from inspector.storage.base import ByteRange
 
@@ -153,7 +154,7 @@ class ModelWeights:
         )
         key = self._keys[output.source]
         ranges = functools.partial(self.ck.byte_ranges, key) if plain and fp8.name == key else None
-        if output.index is not None and not cast and fp8.name == key and fp8.conversion is None:
+        if not plain and not cast and fp8.name == key and fp8.conversion is None:
             ranges = functools.partial(slice_bytes, self.ck, key, output.index, output.transform)
         return Item(output.name, dtype, output.shape, produce, ranges)
 
@@ -173,19 +174,35 @@ class ModelWeights:
 
 
 def slice_bytes(
-    ck: Checkpoint, key: str, index: int, transform: object = None
+    ck: Checkpoint, key: str, index: int | None, transform: object = None
 ) -> list[ByteRange] | None:
-    """Where slice ``index`` of the leading axis (or the block of it ``transform`` picks: an
-    expert, a row range) lies when it is contiguous plain bytes of one stored chunk (a
-    Megatron layer, or expert, at TP=1), so it is copied, not read; else None."""
+    """Where slice ``index`` of the leading axis (the whole tensor for None), or the blocks
+    of it ``transform`` picks (an expert, a row range, a QKV part's rows in each query
+    group, a trimmed vocabulary) lies as contiguous plain bytes of stored chunks (a Megatron
+    layer, or expert, at TP=1), so it is copied, not read; else None."""
     from inspector.exporting.hf import transforms
 
     entry = ck.entry(key)
     shape = tuple(entry.shape or ())
-    found = transforms.block(transform or transforms.copy, shape[1:])
+    lead = () if index is None else (index,)
+    found = transforms.blocks(transform or transforms.copy, shape[len(lead) :])
     if found is None:
         return None
-    offsets, sizes = (index, *found[0]), (1, *found[1])
+    itemsize = dtypes.itemsize(entry.dtype or "float32")
+    ranges = []
+    for start, size in found:
+        byte_range = _block_bytes(ck, entry, (*lead, *start), (1,) * len(lead) + size, itemsize)
+        if byte_range is None:
+            return None
+        ranges.append(byte_range)
+    return ranges
+
+
+def _block_bytes(
+    ck: Checkpoint, entry: Entry, offsets: tuple[int, ...], sizes: tuple[int, ...], itemsize: int
+) -> ByteRange | None:
+    """The stored bytes of one block (at ``offsets``, of ``sizes``) when it lies contiguous
+    in one plain stored chunk; else None."""
     for number, chunk in enumerate(entry.chunks):
         local = [o - c for o, c in zip(offsets, chunk.offsets, strict=True)]
         if all(n >= 0 and n + s <= c for n, s, c in zip(local, sizes, chunk.sizes, strict=True)):
@@ -193,11 +210,10 @@ def slice_bytes(
             whole = ck.source.chunk_bytes(entry, number) if start is not None else None
             if whole is None or start is None:
                 return None
-            itemsize = dtypes.to_torch(entry.dtype or "float32").itemsize
             length = math.prod(sizes) * itemsize
             crc = whole.crc if length == whole.length else None
             offset = whole.offset + start * itemsize
-            return [dataclasses.replace(whole, offset=offset, length=length, crc=crc)]
+            return dataclasses.replace(whole, offset=offset, length=length, crc=crc)
     return None
 
 

@@ -277,7 +277,7 @@ def test_hf_to_megatron_equals_megatrons_own_save(tmp_path, name) -> None:
     )
 
 
-def test_an_expert_block_is_copied_from_its_stored_bytes() -> None:
+def test_expert_and_qkv_blocks_are_copied_from_their_stored_bytes() -> None:
     from functools import partial
 
     from inspector.exporting.hf import transforms
@@ -299,4 +299,18 @@ def test_an_expert_block_is_copied_from_its_stored_bytes() -> None:
         want = original[f"model.layers.1.mlp.experts.2.{name}.weight"]
         assert torch.equal(torch.frombuffer(raw, dtype=torch.float32).reshape(want.shape), want)
     qkv = partial(transforms.split_rows, groups=2, sizes=(32, 16, 16), part=0)
-    assert slice_bytes(ck, "decoder.layers.self_attention.linear_qkv.weight", 0, qkv) is None
+    trim = partial(transforms.first_rows, rows=250)  # the vocabulary padded to 256, trimmed
+    for key, index, transform, name, pieces in (
+        ("decoder.layers.self_attention.linear_qkv.weight", 1, qkv,
+         "model.layers.1.self_attn.q_proj.weight", 2),  # the q rows of each query group
+        ("embedding.word_embeddings.weight", None, trim, "model.embed_tokens.weight", 1),
+    ):  # fmt: skip
+        found = slice_bytes(ck, key, index, transform)
+        assert found is not None and len(found) == pieces, key
+        raw = bytearray()
+        for byte_range in found:
+            with open(FIXTURES / "qwen3_moe_fp32_tp1" / byte_range.name, "rb") as file:
+                file.seek(byte_range.offset)
+                raw += file.read(byte_range.length)
+        want = original[name]
+        assert torch.equal(torch.frombuffer(raw, dtype=torch.float32).reshape(want.shape), want)

@@ -90,26 +90,31 @@ def zeros_per_row(t: torch.Tensor) -> torch.Tensor:
     return torch.zeros(t.shape[0], dtype=torch.float32, device=t.device)
 
 
-def block(
+def blocks(
     transform: object, shape: tuple[int, ...]
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Where the transform's output lies in its input of ``shape`` as one block
-    ``(offsets, sizes)``, when it is one (a copy, an expert, a row range of one group), so
-    its stored bytes can be copied as they are; None when it computes or gathers."""
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
+    """Where the transform's output lies in its input of ``shape`` as blocks ``(offsets,
+    sizes)`` in output order, when it is such blocks (a copy, an expert, the first rows, a
+    row range of each group: a QKV part is one block per query group), so its stored bytes
+    can be copied as they are; None when it computes."""
     function = getattr(transform, "func", transform)
     arguments = getattr(transform, "keywords", {})
     zeros = (0,) * len(shape)
     if function is copy:
-        return zeros, shape
+        return [(zeros, shape)]
     if function is expert:
-        return (arguments["index"], *zeros[1:]), (1, *shape[1:])
-    if function is split_rows and arguments["groups"] == 1:
-        sizes, part = arguments["sizes"], arguments["part"]
-        return (sum(sizes[:part]), *zeros[1:]), (sizes[part], *shape[1:])
+        return [((arguments["index"], *zeros[1:]), (1, *shape[1:]))]
+    if function is split_rows:
+        sizes, part, groups = arguments["sizes"], arguments["part"], arguments["groups"]
+        start, rows = sum(sizes[:part]), sizes[part]
+        step = sum(sizes)
+        return [((g * step + start, *zeros[1:]), (rows, *shape[1:])) for g in range(groups)]
     if function is expert_rows:
         sizes, part = arguments["sizes"], arguments["part"]
         start = (arguments["index"], sum(sizes[:part]), *zeros[2:])
-        return start, (1, sizes[part], *shape[2:])
+        return [(start, (1, sizes[part], *shape[2:]))]
+    if function is first_rows:
+        return [(zeros, (arguments["rows"], *shape[1:]))]
     return None
 
 

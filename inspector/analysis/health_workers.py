@@ -53,12 +53,11 @@ def walk(
             for group in groups
         ]
         for future, group in zip(futures, groups, strict=True):
-            try:
-                walked.extend(future.result())
-            except BrokenProcessPool:
-                cause = processes.death_cause(pool, oom_kills)
-                raise InspectorError(f"a health worker process died: {cause}") from None
+            walked.extend(future.result())
             counter.step(sum(sizes[name] for name, _ in group))
+    except BrokenProcessPool:  # from a result, or from a submit once a worker died
+        cause = processes.death_cause(pool, oom_kills)
+        raise InspectorError(f"a health worker process died: {cause}") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return walked

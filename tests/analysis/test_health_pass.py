@@ -7,11 +7,7 @@ what safetensors loads. The same report from worker processes and from a loopbac
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
 import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -117,27 +113,17 @@ def test_workers_make_the_same_report(faulty_run: Path) -> None:
         health(faulty_run, workers=0)
 
 
-def _kill_workers_once_started(stop: threading.Event) -> None:
-    """SIGKILL the first worker processes this process starts, as soon as they exist."""
-    while not stop.is_set():
-        started = multiprocessing.active_children()
-        if started:
-            for child in started:
-                os.kill(child.pid, signal.SIGKILL)
-            return
-        time.sleep(0.005)
+class _KillsItsUnpickler:
+    """A storage option each worker unpickles with its task: that worker dies by SIGKILL
+    there, once started and at work (a local run ignores the option)."""
+
+    def __reduce__(self) -> tuple:
+        return signal.raise_signal, (signal.SIGKILL,)
 
 
 def test_a_dead_worker_is_reported_with_its_signal(faulty_run: Path) -> None:
-    stop = threading.Event()
-    killer = threading.Thread(target=_kill_workers_once_started, args=(stop,))
-    killer.start()
-    try:
-        with pytest.raises(InspectorError, match="health worker process died: killed by SIGKILL"):
-            health(faulty_run, workers=2)
-    finally:
-        stop.set()
-        killer.join()
+    with pytest.raises(InspectorError, match="health worker process died: killed by SIGKILL"):
+        health(faulty_run, workers=2, storage_options={"dies": _KillsItsUnpickler()})
 
 
 def test_a_remote_run_reads_ranges_and_matches(

@@ -1,0 +1,43 @@
+"""``ck.read_objects``: each key's value equals ``read_object``'s, read together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import inspector
+from inspector.errors import InspectorError
+
+MEGATRON = Path(__file__).resolve().parent / "fixtures" / "megatron" / "distopt" / "iter_0000003"
+
+
+def _objects(location: Path) -> tuple[inspector.Checkpoint, list[str]]:
+    ck = inspector.open(location)
+    return ck, [e.key for e in ck.entries() if e.kind == "object" and not e.error]
+
+
+def test_equals_read_object_on_a_training_run(healthy_run: Path) -> None:
+    ck, keys = _objects(healthy_run / "step-20")
+    assert sum(k.endswith(".lr") for k in keys) > 10  # the same lr in every parameter group
+    together = ck.read_objects(keys)
+    assert list(together) == keys
+    assert together == {k: ck.read_object(k) for k in keys}
+    assert {type(v) for v in together.values()} >= {float, tuple, bool}
+
+
+def test_megatron_sharded_objects_as_read_object() -> None:
+    """Shards of identical bytes are unwrapped as ``read_object`` unwraps them."""
+    ck, keys = _objects(MEGATRON)
+    assert sum("/shard_" in k for k in keys) >= 8
+    together = ck.read_objects(keys)
+    assert {k: repr(v) for k, v in together.items()} == {
+        k: repr(ck.read_object(k)) for k in keys
+    }
+
+
+def test_errors_as_read_object(healthy_run: Path) -> None:
+    ck, keys = _objects(healthy_run / "step-20")
+    tensor = next(e.key for e in ck.entries() if e.kind == "tensor")
+    with pytest.raises(InspectorError, match=r"use ck\.read\(\)"):
+        ck.read_objects([keys[0], tensor])

@@ -414,30 +414,37 @@ class Checkpoint:
             return self.source.read_object(entry)
 
     def read_objects(self, keys: Iterable[str]) -> dict[str, Any]:
-        """``read_object`` of each key (the first error raised), read together: objects stored
-        as identical bytes under keys that agree after their last ``/`` (every parameter
-        group's ``lr``) are decoded once and copied, their bytes fetched in one prefetch."""
-        wanted = {key: self._object_range(key) for key in keys}
+        """``read_object`` of each key, or ``read`` of a tensor key (the first error raised),
+        read together: small values stored as identical bytes under keys that agree after
+        their last ``/`` and in their metadata (every parameter group's ``lr``, every
+        parameter's ``step``) are decoded once and copied, their bytes fetched together."""
+        wanted = {key: self._small_range(key) for key in keys}
         ranges = [r for r in wanted.values() if r is not None]
         found: dict[str, Any] = {}
-        decoded: dict[tuple[bytes, str], Any] = {}
+        decoded: dict[tuple[Any, ...], Any] = {}
         with self.source.storage.prefetch(ranges):
             stored = _stored_bytes(ranges)
             for key, where in wanted.items():
                 raw = stored.get(where) if where is not None else None
                 if raw is None:
-                    found[key] = self.read_object(key)
+                    found[key] = self._read_value(key)
                     continue
-                same = (raw, key[key.rfind("/") :] if "/" in key else "")
+                e = self.entry(key)
+                tail = key[key.rfind("/") :] if "/" in key else ""
+                same = (raw, tail, e.kind, e.dtype, e.shape, e.chunks[0][:2])
                 copied = _copied(decoded[same]) if same in decoded else _UNREAD
-                found[key] = self.read_object(key) if copied is _UNREAD else copied
+                found[key] = self._read_value(key) if copied is _UNREAD else copied
                 decoded.setdefault(same, found[key])
         return found
 
-    def _object_range(self, key: str) -> ByteRange | None:
-        """Where object ``key``'s stored bytes lie when it is one small untransformed chunk."""
-        entry = self._readable(key, "object")
-        if len(entry.chunks) != 1:
+    def _read_value(self, key: str) -> Any:
+        return self.read(key) if self.entry(key).kind == "tensor" else self.read_object(key)
+
+    def _small_range(self, key: str) -> ByteRange | None:
+        """Where ``key``'s stored bytes lie when it is one small untransformed stored chunk."""
+        entry = self.entry(key)
+        entry = self._checked(entry, "tensor" if entry.kind == "tensor" else "object")
+        if len(entry.chunks) != 1 or key in self.logical:
             return None
         chunk = entry.chunks[0]
         if chunk.transforms or not 0 < chunk.byte_length <= SMALL_OBJECT:
@@ -446,7 +453,7 @@ class Checkpoint:
         try:
             name = storage.check(chunk.file, referrer=self.location, key=key)
         except InspectorError:
-            return None  # read_object says what is wrong
+            return None  # the read says what is wrong
         return ByteRange(storage, name, chunk.byte_offset, chunk.byte_length)
 
     def iter_chunks(self, key: str) -> Iterator[tuple[ChunkInfo, torch.Tensor]]:
@@ -608,7 +615,7 @@ def _stored_bytes(ranges: list[ByteRange]) -> dict[ByteRange, bytes]:
             except InspectorError:
                 data = None
             if data is not None:
-                found.update({r: data[r.offset - start : r.offset + r.length - start] for r in group})
+                found.update({r: data[r.offset - start :][: r.length] for r in group})
             group = []
         if where is not None:
             group.append(where)

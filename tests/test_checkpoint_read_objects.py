@@ -1,10 +1,12 @@
-"""``ck.read_objects``: each key's value equals ``read_object``'s, read together."""
+"""``ck.read_objects``: each key's value equals ``read_object``'s (``read``'s for a tensor),
+read together."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 import inspector
 from inspector.errors import InspectorError
@@ -26,6 +28,19 @@ def test_equals_read_object_on_a_training_run(healthy_run: Path) -> None:
     assert {type(v) for v in together.values()} >= {float, tuple, bool}
 
 
+def test_step_tensors_as_read(healthy_run: Path) -> None:
+    ck = inspector.open(healthy_run / "step-20")
+    steps = [e.key for e in ck.entries() if e.kind == "tensor" and e.key.endswith(".step")]
+    assert len(steps) > 10  # the same step for every parameter: decoded once
+    together = ck.read_objects(steps)
+    for key in steps:
+        alone = ck.read(key)
+        assert together[key].dtype == alone.dtype and torch.equal(together[key], alone)
+    first, second = (together[k] for k in steps[:2])
+    first.add_(1)  # copies, not one tensor shared
+    assert torch.equal(second, ck.read(steps[1]))
+
+
 def test_megatron_sharded_objects_as_read_object() -> None:
     """Shards of identical bytes are unwrapped as ``read_object`` unwraps them."""
     ck, keys = _objects(MEGATRON)
@@ -38,6 +53,7 @@ def test_megatron_sharded_objects_as_read_object() -> None:
 
 def test_errors_as_read_object(healthy_run: Path) -> None:
     ck, keys = _objects(healthy_run / "step-20")
-    tensor = next(e.key for e in ck.entries() if e.kind == "tensor")
-    with pytest.raises(InspectorError, match=r"use ck\.read\(\)"):
-        ck.read_objects([keys[0], tensor])
+    with pytest.raises(InspectorError) as alone:
+        ck.read_object("optimizer.nope")
+    with pytest.raises(type(alone.value), match=r"optimizer\.nope"):
+        ck.read_objects([keys[0], "optimizer.nope"])

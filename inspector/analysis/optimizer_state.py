@@ -30,6 +30,7 @@ from inspector.keys.optimizer import (
 from inspector.keys.spellings import canonical_fqn, model_fqn
 
 HYPER = ("lr", "betas", "eps")
+SMALL = (*HYPER, "step")  # the values read together (StepObjects)
 
 
 @dataclass(frozen=True)
@@ -50,15 +51,15 @@ class Adam:
         key = self.states.get(name) if name == "step" else self.hyper.get(name)
         if key is None:
             return None
-        if ck.entry(key).kind == "tensor":
-            return ck.read(key)
-        return self.objects.read(ck, key) if self.objects is not None else ck.read_object(key)
+        if self.objects is not None:
+            return self.objects.read(ck, key)
+        return _read(ck, key)
 
 
 class StepObjects:
-    """A step's hyper-parameter objects, read together on first use (``ck.read_objects``:
-    the same ``lr`` in every group decoded once); one by one when that read fails, so a
-    damaged object fails only its own parameter."""
+    """A step's step counters and hyper-parameters, read together on first use
+    (``ck.read_objects``: the same ``lr`` in every group decoded once); one by one when that
+    read fails, so a damaged one fails only its own parameter."""
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
@@ -70,7 +71,11 @@ class StepObjects:
                 self.values = ck.read_objects(self.keys)
             except InspectorError:
                 self.values = {}
-        return self.values.pop(key) if key in self.values else ck.read_object(key)
+        return self.values.pop(key) if key in self.values else _read(ck, key)
+
+
+def _read(ck: Checkpoint, key: str) -> Any:
+    return ck.read(key) if ck.entry(key).kind == "tensor" else ck.read_object(key)
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,7 @@ def pair_optimizer(ck: Checkpoint) -> Pairing:
         found, unpaired = _indexed(ck, entries, params)
     shared = _common(ck, entries)
     objects = StepObjects(
-        [k for a in found.values() for h, k in a.hyper.items() if h in HYPER and _object(ck, k)]
+        [k for a in found.values() for h, k in (*a.hyper.items(), *a.states.items()) if h in SMALL]
     )
     found = {
         name: Adam(a.states, a.hyper, {**shared, **a.values}, objects)
@@ -245,10 +250,6 @@ def _indexed(
             name = ".".join(str(p) for p in prefix)
             unpaired.append(Unpaired(name, missing, len(optimizer.states)))
     return found, unpaired
-
-
-def _object(ck: Checkpoint, key: str) -> bool:
-    return ck.entry(key).kind == "object"
 
 
 def _floating(dtype: str | None) -> bool:

@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from inspector.analysis.stats import Histogram, TensorStats
 
 SMALL_OBJECT = 1 << 16  # bytes: read_objects compares objects up to this size (hyper-parameters)
-COALESCED = 1 << 22  # bytes: the most read_objects reads in one request
+COALESCED = 1 << 20  # bytes: the most read_objects reads in one request
+SKIPPED = 1 << 12  # bytes: the largest gap between two values it reads in one request
 _UNREAD = object()
 TABLE_COLUMNS = (
     "key",
@@ -627,7 +628,7 @@ def _neighbours(first: ByteRange, last: ByteRange, where: ByteRange) -> bool:
     return (
         where.storage is first.storage
         and where.name == first.name
-        and where.offset <= last.offset + last.length + SMALL_OBJECT
+        and where.offset <= last.offset + last.length + SKIPPED
         and where.offset + where.length - first.offset <= COALESCED
     )
 

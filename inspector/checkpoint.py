@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 SMALL_OBJECT = 1 << 16  # bytes: read_objects compares objects up to this size (hyper-parameters)
 COALESCED = 1 << 20  # bytes: the most read_objects reads in one request
+RECORD = 64  # bytes: a scalar tensor stored in at least this many is a self-describing record
 SKIPPED = 1 << 12  # bytes: the largest gap between two values it reads in one request
 _UNREAD = object()
 TABLE_COLUMNS = (
@@ -418,7 +419,8 @@ class Checkpoint:
         """``read_object`` of each key, or ``read`` of a tensor key (the first error raised),
         read together: small values stored as identical bytes under keys that agree after
         their last ``/`` and in their metadata (every parameter group's ``lr``, every
-        parameter's ``step``) are decoded once and copied, their bytes fetched together."""
+        parameter's ``step``: a scalar tensor saved as its own archive) are decoded once and
+        copied, their bytes fetched together."""
         wanted = {key: self._small_range(key) for key in keys}
         ranges = [r for r in wanted.values() if r is not None]
         found: dict[str, Any] = {}
@@ -450,6 +452,8 @@ class Checkpoint:
         chunk = entry.chunks[0]
         if chunk.transforms or not 0 < chunk.byte_length <= SMALL_OBJECT:
             return None
+        if entry.kind == "tensor" and not (entry.numel <= 1 and chunk.byte_length >= RECORD):
+            return None  # bare bytes: a view's strides and offset are not in them
         storage = self.source.storage
         try:
             name = storage.check(chunk.file, referrer=self.location, key=key)

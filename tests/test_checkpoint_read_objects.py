@@ -51,6 +51,16 @@ def test_megatron_sharded_objects_as_read_object() -> None:
     }
 
 
+def test_views_of_one_storage_as_read(tmp_path: Path) -> None:
+    """A matrix and its transpose share bytes, shape and dtype: each still reads as itself."""
+    w = torch.arange(4.0).reshape(2, 2)
+    torch.save({"w": w, "t": w.t(), "one": w[0, 0], "last": w[1, 1]}, tmp_path / "views.pt")
+    ck = inspector.open(tmp_path / "views.pt")
+    together = ck.read_objects(["w", "t", "one", "last"])
+    assert torch.equal(together["t"], w.t()) and torch.equal(together["w"], w)
+    assert (float(together["one"]), float(together["last"])) == (0.0, 3.0)
+
+
 def test_errors_as_read_object(healthy_run: Path) -> None:
     ck, keys = _objects(healthy_run / "step-20")
     with pytest.raises(InspectorError) as alone:

@@ -7,6 +7,7 @@ subclass detections, damage a read runs into) is kept here, by key.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import itertools
 import os
@@ -46,6 +47,11 @@ if TYPE_CHECKING:
     from inspector.analysis.consistency import Consistency
     from inspector.analysis.stats import Histogram, TensorStats
 
+SMALL_OBJECT = 1 << 16  # bytes: read_objects compares objects up to this size (hyper-parameters)
+COALESCED = 1 << 20  # bytes: the most read_objects reads in one request
+RECORD = 64  # bytes: a scalar tensor stored in at least this many is a self-describing record
+SKIPPED = 1 << 12  # bytes: the largest gap between two values it reads in one request
+_UNREAD = object()
 TABLE_COLUMNS = (
     "key",
     "component",
@@ -409,6 +415,52 @@ class Checkpoint:
         with self._marking(key), self._prefetching(entry, entry.chunks):
             return self.source.read_object(entry)
 
+    def read_objects(self, keys: Iterable[str]) -> dict[str, Any]:
+        """``read_object`` of each key, or ``read`` of a tensor key (the first error raised),
+        read together: small values stored as identical bytes under keys that agree after
+        their last ``/`` and in their metadata (every parameter group's ``lr``, every
+        parameter's ``step``: a scalar tensor saved as its own archive) are decoded once and
+        copied, their bytes fetched together."""
+        wanted = {key: self._small_range(key) for key in keys}
+        ranges = [r for r in wanted.values() if r is not None]
+        found: dict[str, Any] = {}
+        decoded: dict[tuple[Any, ...], Any] = {}
+        with self.source.storage.prefetch(ranges):
+            stored = _stored_bytes(ranges)
+            for key, where in wanted.items():
+                raw = stored.get(where) if where is not None else None
+                if raw is None:
+                    found[key] = self._read_value(key)
+                    continue
+                e = self.entry(key)
+                tail = key[key.rfind("/") :] if "/" in key else ""
+                same = (raw, tail, e.kind, e.dtype, e.shape, e.chunks[0][:2])
+                copied = _copied(decoded[same]) if same in decoded else _UNREAD
+                found[key] = self._read_value(key) if copied is _UNREAD else copied
+                decoded.setdefault(same, found[key])
+        return found
+
+    def _read_value(self, key: str) -> Any:
+        return self.read(key) if self.entry(key).kind == "tensor" else self.read_object(key)
+
+    def _small_range(self, key: str) -> ByteRange | None:
+        """Where ``key``'s stored bytes lie when it is one small untransformed stored chunk."""
+        entry = self.entry(key)
+        entry = self._checked(entry, "tensor" if entry.kind == "tensor" else "object")
+        if len(entry.chunks) != 1 or key in self.logical:
+            return None
+        chunk = entry.chunks[0]
+        if chunk.transforms or not 0 < chunk.byte_length <= SMALL_OBJECT:
+            return None
+        if entry.kind == "tensor" and not (entry.numel <= 1 and chunk.byte_length >= RECORD):
+            return None  # bare bytes: a view's strides and offset are not in them
+        storage = self.source.storage
+        try:
+            name = storage.check(chunk.file, referrer=self.location, key=key)
+        except InspectorError:
+            return None  # the read says what is wrong
+        return ByteRange(storage, name, chunk.byte_offset, chunk.byte_length)
+
     def iter_chunks(self, key: str) -> Iterator[tuple[ChunkInfo, torch.Tensor]]:
         """Each stored chunk of a tensor as a plain tensor, one at a time (bounded memory);
         a logical weight (``ck.logical``) as one chunk holding its value."""
@@ -544,6 +596,45 @@ class Checkpoint:
     def _file_of(self, entry: Entry, index: int) -> str:
         """The file chunk ``index`` of ``entry`` lies in, for messages."""
         return self.source.storage.describe(entry.chunks[index].file)
+
+
+def _copied(value: Any) -> Any:
+    """A deep copy of ``value``; ``_UNREAD`` when it cannot be copied (a placeholder)."""
+    try:
+        return copy.deepcopy(value)
+    except (TypeError, copy.Error):
+        return _UNREAD
+
+
+def _stored_bytes(ranges: list[ByteRange]) -> dict[ByteRange, bytes]:
+    """The bytes of each range that can be read (``read_object`` says why the rest cannot),
+    neighbours in a file read in one request."""
+    found: dict[ByteRange, bytes] = {}
+    order = sorted(ranges, key=lambda r: (id(r.storage), r.name, r.offset))
+    group: list[ByteRange] = []
+    for where in [*order, None]:
+        if group and (where is None or not _neighbours(group[0], group[-1], where)):
+            start, end = group[0].offset, max(r.offset + r.length for r in group)
+            try:
+                data = group[0].storage.read(group[0].name, start, end - start)
+            except InspectorError:
+                data = None
+            if data is not None:
+                found.update({r: data[r.offset - start :][: r.length] for r in group})
+            group = []
+        if where is not None:
+            group.append(where)
+    return found
+
+
+def _neighbours(first: ByteRange, last: ByteRange, where: ByteRange) -> bool:
+    """``where`` extends the group from ``first`` to ``last`` by one read of bounded size."""
+    return (
+        where.storage is first.storage
+        and where.name == first.name
+        and where.offset <= last.offset + last.length + SKIPPED
+        and where.offset + where.length - first.offset <= COALESCED
+    )
 
 
 class _Marking:

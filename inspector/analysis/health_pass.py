@@ -124,13 +124,13 @@ def moments(ck: Checkpoint, m_key: str, v_key: str, eps: float | None) -> Moment
     scratch, products = (torch.empty(min(BLOCK, max(numel, 1))) for _ in range(2))
     for m, v in zip(m_values.blocks(BLOCK), v_values.blocks(BLOCK), strict=True):
         n = v.numel()
-        m_sq += _finite_dot(m, m, products[:n])
-        v_sq += _finite_dot(v, v, products[:n])
+        m_sq += _finite_squares(m, products[:n])
+        v_sq += _finite_squares(v, products[:n])
         zeros += _zeros(v, float(v.amin()))
         if eps is not None:
             s = torch.sqrt(v, out=scratch[:n]).add_(eps)
             s = torch.div(m, s, out=s)
-            step_sq += _finite_dot(s, s, products[:n])
+            step_sq += _finite_squares(s, products[:n])
     return MomentNumbers(numel, m_sq, v_sq, zeros, step_sq if eps is not None else None)
 
 
@@ -149,7 +149,7 @@ class _WeightTally:
 
     def add(self, block: torch.Tensor, first_row: int) -> None:
         n = block.numel()
-        squares = _dot(block, block, self.products[:n])
+        squares = _squares(block, self.products[:n])
         if not math.isfinite(squares):
             self.nan += int(torch.isnan(block).sum())
             self.inf += int(torch.isinf(block).sum())
@@ -173,7 +173,7 @@ class _WeightTally:
         """``update`` (the update before, when ``has_update``) becomes ``block - before``."""
         n = block.numel()
         now = torch.sub(block, before, out=self.scratch[:n])
-        squares = _dot(now, now, self.products[:n])
+        squares = _squares(now, self.products[:n])
         if not math.isfinite(squares):
             now.nan_to_num_(0.0, 0.0, 0.0)
             squares = _exact_squares(now)
@@ -210,12 +210,18 @@ def _zeros(block: torch.Tensor, smallest: float) -> int:
     return block.numel() - int(torch.count_nonzero(block))
 
 
-def _finite_dot(a: torch.Tensor, b: torch.Tensor, products: torch.Tensor) -> float:
-    """``a · b`` over the elements where both are finite."""
-    dot = _dot(a, b, products)
-    if math.isfinite(dot):
-        return dot
-    return _exact_dot(*(torch.nan_to_num(x, 0.0, 0.0, 0.0) for x in (a, b)))
+def _finite_squares(a: torch.Tensor, products: torch.Tensor) -> float:
+    """``a · a`` over the finite elements."""
+    squares = _squares(a, products)
+    if math.isfinite(squares):
+        return squares
+    return _exact_squares(torch.nan_to_num(a, 0.0, 0.0, 0.0))
+
+
+def _squares(a: torch.Tensor, products: torch.Tensor) -> float:
+    """``a · a`` as ``_dot`` sums it (``square`` makes the same products as ``mul``, in
+    half its time)."""
+    return float(torch.square(a, out=products).sum())
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor, products: torch.Tensor) -> float:

@@ -30,6 +30,7 @@ from inspector.keys.optimizer import (
 from inspector.keys.spellings import canonical_fqn, model_fqn
 
 HYPER = ("lr", "betas", "eps")
+SMALL = (*HYPER, "step")  # the values read together (StepObjects)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Adam:
     states: dict[str, str]
     hyper: dict[str, str]
     values: dict[str, Any] = field(default_factory=dict)
+    objects: StepObjects | None = field(default=None, compare=False, repr=False)
 
     def value(self, ck: Checkpoint, name: str) -> Any:
         """``step``, ``lr``, ``betas`` or ``eps``: kept for all, or read from its entry."""
@@ -49,7 +51,31 @@ class Adam:
         key = self.states.get(name) if name == "step" else self.hyper.get(name)
         if key is None:
             return None
-        return ck.read(key) if ck.entry(key).kind == "tensor" else ck.read_object(key)
+        if self.objects is not None:
+            return self.objects.read(ck, key)
+        return _read(ck, key)
+
+
+class StepObjects:
+    """A step's step counters and hyper-parameters, read together on first use
+    (``ck.read_objects``: the same ``lr`` in every group decoded once); one by one when that
+    read fails, so a damaged one fails only its own parameter."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        self.values: dict[str, Any] | None = None
+
+    def read(self, ck: Checkpoint, key: str) -> Any:
+        if self.values is None:
+            try:
+                self.values = ck.read_objects(self.keys)
+            except InspectorError:
+                self.values = {}
+        return self.values.pop(key) if key in self.values else _read(ck, key)
+
+
+def _read(ck: Checkpoint, key: str) -> Any:
+    return ck.read(key) if ck.entry(key).kind == "tensor" else ck.read_object(key)
 
 
 @dataclass(frozen=True)
@@ -93,8 +119,13 @@ def pair_optimizer(ck: Checkpoint) -> Pairing:
     if not found:  # numbered state beside named state is the same state, as stored
         found, unpaired = _indexed(ck, entries, params)
     shared = _common(ck, entries)
-    if shared:
-        found = {name: Adam(a.states, a.hyper, {**shared, **a.values}) for name, a in found.items()}
+    objects = StepObjects(
+        [k for a in found.values() for h, k in (*a.hyper.items(), *a.states.items()) if h in SMALL]
+    )
+    found = {
+        name: Adam(a.states, a.hyper, {**shared, **a.values}, objects)
+        for name, a in found.items()
+    }
     return Pairing(found, tuple(unpaired), _damaged(ck, entries))
 
 

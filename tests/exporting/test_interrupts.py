@@ -29,6 +29,7 @@ import inspector
 
 def progress(done):
     print("progress", flush=True)
+    time.sleep(0.5)  # the parent's Ctrl-C lands while the export is under way, however fast
 
 try:
     inspector.export(sys.argv[1], sys.argv[2], format=sys.argv[3], workers=int(sys.argv[4]),

@@ -75,7 +75,7 @@ class StepObjects:
 
 
 def _read(ck: Checkpoint, key: str) -> Any:
-    return ck.read(key) if ck.entry(key).kind == "tensor" else ck.read_object(key)
+    return ck.read_objects([key])[key]
 
 
 @dataclass(frozen=True)

@@ -306,14 +306,16 @@ def settle(model: Mapping[str, TensorMeta], cfg: Mapping, args: Mapping[str, Any
 
 
 def _outputs(model: Mapping[str, TensorMeta], f: Facts) -> list[Output]:
-    """Every HF tensor, layer by layer, each from one layer slice of one stacked weight."""
+    """Every HF tensor, layer by layer, each from one layer slice of one stacked weight, in
+    the rule tables' order: the same file whatever the source's key order (TP, PP, EP)."""
     out = [_vocab_rows(EMBED, EMBEDDING, model, f)]
     per_group = f.heads // f.groups
     qkv = (per_group * f.head_dim, f.head_dim, f.head_dim)
     sizes = {QKV: qkv, QKV_BIAS: qkv, FC1: (f.ffn, f.ffn)}
     for layer in range(f.layers):
         prefix = HF_LAYER.format(layer=layer)
-        for key, meta in model.items():
+        for key in (k for k in (*LAYER_COPIES, *SPLITS) if k in model):
+            meta = model[key]
             if key in LAYER_COPIES:
                 name = prefix + LAYER_COPIES[key]
                 out.append(

@@ -20,6 +20,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
@@ -29,6 +30,11 @@ from inspector.errors import CorruptCheckpointError, InspectorError
 from inspector.formats.base import bytes_view
 from inspector.storage.base import ByteRange
 
+_health: ModuleType | None
+try:
+    from inspector.analysis import _health
+except ImportError:  # installed without a C compiler: torch takes the same numbers
+    _health = None
 BLOCK = 1 << 16  # elements per block: 256 KiB of float32, in a core's L2 cache
 
 
@@ -93,17 +99,11 @@ def weights(ck: Checkpoint, key: str, carried: Carried | None) -> tuple[WeightNu
     kept = before.weights if before is not None else torch.empty(numel)
     update = None
     if before is not None:
-        update = before.update if before.update is not None else torch.empty(numel)
+        update = before.update if before.update is not None else torch.zeros(numel)
     size = _block_size(shape)
     tally = _WeightTally(shape, before is not None, min(size, max(numel, 1)))
-    start = 0
-    for block in values.blocks(size):
-        end = start + block.numel()
-        tally.add(block, start // max(1, shape[-1]) if len(shape) == 2 else 0)
-        if before is not None and update is not None:
-            tally.add_update(block, kept[start:end], update[start:end], before.update is not None)
-        kept[start:end].copy_(block)
-        start = end
+    walk = tally.walk_natively if _health is not None else tally.walk
+    walk(values.blocks(size), kept, update, before is not None and before.update is not None)
     numbers = tally.numbers(before)
     return numbers, Carried(shape, kept, update, numbers.l2, numbers.update_l2)
 
@@ -124,6 +124,12 @@ def moments(ck: Checkpoint, m_key: str, v_key: str, eps: float | None) -> Moment
     scratch, products = (torch.empty(min(BLOCK, max(numel, 1))) for _ in range(2))
     for m, v in zip(m_values.blocks(BLOCK), v_values.blocks(BLOCK), strict=True):
         n = v.numel()
+        if _health is not None:
+            a, b, z, s = _health.moments(
+                bytes_view(m), bytes_view(v), n, eps or 0.0, eps is not None
+            )
+            m_sq, v_sq, zeros, step_sq = m_sq + a, v_sq + b, zeros + z, step_sq + s
+            continue
         m_sq += _finite_squares(m, products[:n])
         v_sq += _finite_squares(v, products[:n])
         zeros += _zeros(v, float(v.amin()))
@@ -141,11 +147,60 @@ class _WeightTally:
         self.matrix = len(shape) == 2 and min(shape) >= 2
         self.rows = torch.zeros(shape[0]) if self.matrix else None
         self.columns = torch.zeros(shape[1]) if self.matrix else None
+        self.width = shape[1] if self.matrix else 1
         self.squares = self.absmax = 0.0
         self.nan = self.inf = self.zeros = 0
         self.update_squares = 0.0 if with_update else None
         self.update_dot = 0.0
         self.scratch, self.products = torch.empty(size), torch.empty(size)
+
+    def walk(
+        self,
+        blocks: Iterator[torch.Tensor],
+        kept: torch.Tensor,
+        update: torch.Tensor | None,
+        has_update: bool,
+    ) -> None:
+        """Tallies ``blocks`` (the parameter in order) and, with ``update`` (the update
+        before, when ``has_update``), their update from ``kept``; ``kept`` becomes the
+        values and ``update`` their update."""
+        start = 0
+        for block in blocks:
+            end = start + block.numel()
+            self.add(block, start // self.width)
+            if update is not None:
+                self.add_update(block, kept[start:end], update[start:end], has_update)
+            kept[start:end].copy_(block)
+            start = end
+
+    def walk_natively(
+        self,
+        blocks: Iterator[torch.Tensor],
+        kept: torch.Tensor,
+        update: torch.Tensor | None,
+        has_update: bool,
+    ) -> None:
+        """``walk`` by _health.c, one call per block."""
+        assert _health is not None
+        mode = 0 if update is None else 2 if has_update else 1
+        kept_view, update_view = bytes_view(kept), update if update is None else bytes_view(update)
+        rows, columns = (None if t is None else bytes_view(t) for t in (self.rows, self.columns))
+        width = self.width
+        start = 0
+        for block in blocks:
+            n = block.numel()
+            numbers = _health.weights(
+                bytes_view(block), n, kept_view, update_view, start, mode, width, rows,
+                start // width, columns,
+            )  # fmt: skip
+            squares, nan, inf, zeros, absmax, update_squares, update_dot = numbers
+            self.squares += squares
+            self.nan, self.inf, self.zeros = self.nan + nan, self.inf + inf, self.zeros + zeros
+            self.absmax = max(self.absmax, absmax)
+            if self.update_squares is not None:
+                self.update_squares += update_squares
+                self.update_dot += update_dot
+            start += n
 
     def add(self, block: torch.Tensor, first_row: int) -> None:
         n = block.numel()
@@ -157,8 +212,7 @@ class _WeightTally:
             squares = _exact_squares(block)
         self.squares += squares
         if self.rows is not None and self.columns is not None:
-            width = self.columns.numel()
-            size = torch.abs(block, out=self.scratch[:n]).view(-1, width)
+            size = torch.abs(block, out=self.scratch[:n]).view(-1, self.width)
             torch.amax(size, 1, out=self.rows[first_row : first_row + size.shape[0]])
             torch.maximum(self.columns, size.amax(0), out=self.columns)
             self.zeros += _zeros(block, float(size.amin()))

@@ -13,6 +13,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import inspector
+from inspector.analysis import health_pass
 from inspector.analysis.health import KINDS, HealthReport, Thresholds, health
 from inspector.errors import UsageError
 from tests.conftest import FAULTS
@@ -24,6 +25,16 @@ LAYER_PARAMS = 9  # attention wq/wk/wv/wo, feed_forward w1/w2/w3, two norms
 @pytest.fixture(scope="module")
 def faulty(faulty_run: Path) -> HealthReport:
     return health(faulty_run)
+
+
+@pytest.fixture(scope="module", params=["C", "torch"])
+def kernels(request: pytest.FixtureRequest, faulty: HealthReport, faulty_run: Path) -> HealthReport:
+    """The report with the numbers taken by _health.c, and by torch (no C compiler)."""
+    if request.param == "C":
+        return faulty
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(health_pass, "_health", None)
+        return health(faulty_run)
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +111,12 @@ def test_weight_numbers_match_torch(faulty: HealthReport, loaded: dict[str, dict
     assert _row(faulty, KEY, "step-10").update_ratio is None
 
 
-def test_optimizer_numbers_match_torch(faulty: HealthReport, loaded: dict[str, dict]) -> None:
+def test_optimizer_numbers_match_torch(kernels: HealthReport, loaded: dict[str, dict]) -> None:
     optim = loaded["step-30"]["optimizer"]
     m, v = (optim[f"state.{KEY}.{name}"].double() for name in ("exp_avg", "exp_avg_sq"))
     step = float(optim[f"state.{KEY}.step"])
     lr, (b1, b2), eps = (optim[f"param_groups.{KEY}.{h}"] for h in ("lr", "betas", "eps"))
-    row = _row(faulty, KEY, "step-30")
+    row = _row(kernels, KEY, "step-30")
     assert row.optimizer_step == step == 30.0
     assert row.exp_avg_rms == pytest.approx(float(m.pow(2).mean().sqrt()), rel=1e-6)
     assert row.exp_avg_sq_rms == pytest.approx(float(v.pow(2).mean().sqrt()), rel=1e-6)

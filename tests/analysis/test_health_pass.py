@@ -14,10 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from inspector.analysis import health_pass
 from inspector.analysis.health import HealthReport, health
 from inspector.analysis.health_pass import BLOCK
 from inspector.errors import InspectorError, UsageError
 from tests.fixtures.servers import CountedServer
+from tests.native import health_cases
 from tests.storage.uploads import uploaded
 
 STEPS = ("step-1", "step-2", "step-3")
@@ -55,6 +57,21 @@ def edge(edge_run: Path) -> HealthReport:
     return health(edge_run)
 
 
+@pytest.fixture(scope="module", params=["C", "torch"])
+def report(request: pytest.FixtureRequest, edge: HealthReport, edge_run: Path) -> HealthReport:
+    """The numbers taken by _health.c, and by torch (an install without a C compiler)."""
+    if request.param == "C":
+        return edge
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(health_pass, "_health", None)
+        return health(edge_run)
+
+
+def test_the_c_kernel_is_built_and_agrees_with_python() -> None:
+    assert health_pass._health is not None  # else every "C" case above ran torch's code
+    assert health_cases.failures() == []
+
+
 def _loaded(run: Path) -> list[dict[str, torch.Tensor]]:
     return [load_file(run / name / "model.safetensors") for name in STEPS]
 
@@ -65,10 +82,10 @@ def _finite(w: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("stored", list(_tensors(1)))
-def test_numbers_match_torch(edge: HealthReport, edge_run: Path, stored: str) -> None:
+def test_numbers_match_torch(report: HealthReport, edge_run: Path, stored: str) -> None:
     steps = [s[stored] for s in _loaded(edge_run)]
     name = stored.removeprefix("model.")
-    rows = [r for r in edge.rows if r.key == name]
+    rows = [r for r in report.rows if r.key == name]
     assert [r.step_name for r in rows] == list(STEPS)
     for i, (row, w) in enumerate(zip(rows, steps, strict=True)):
         clean = _finite(w)
@@ -91,15 +108,15 @@ def test_numbers_match_torch(edge: HealthReport, edge_run: Path, stored: str) ->
             assert row.update_cosine == pytest.approx(cosine, rel=1e-5, abs=1e-7)
 
 
-def test_channels_of_a_matrix_in_blocks(edge: HealthReport, edge_run: Path) -> None:
+def test_channels_of_a_matrix_in_blocks(report: HealthReport, edge_run: Path) -> None:
     w = _finite(_loaded(edge_run)[1][MATRIX]).abs()
     rows, columns = w.amax(1), w.amax(0)
-    row = next(r for r in edge.rows if r.key == MATRIX.removeprefix("model.") and r.step == 2)
+    row = next(r for r in report.rows if r.key == MATRIX.removeprefix("model.") and r.step == 2)
     assert (row.dead_rows, row.dead_columns) == (1, 1)
     ratio = max(float(rows.max() / rows.median()), float(columns.max() / columns.median()))
     assert row.channel_ratio == pytest.approx(ratio, rel=1e-6)
     assert (row.outlier_rows, row.outlier_columns) == (1, 1)  # the 2e30 one
-    kinds = {(f.kind, f.key) for f in edge.findings if f.step == 2}
+    kinds = {(f.kind, f.key) for f in report.findings if f.step == 2}
     assert ("non-finite", "layers.0.mlp.weight") in kinds
     assert ("dead-rows", "layers.0.mlp.weight") in kinds
 

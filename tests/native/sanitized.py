@@ -1,7 +1,7 @@
 """The C extensions built with AddressSanitizer and UndefinedBehaviorSanitizer, and a Python
 process that runs them (tests/native/drive.py).
 
-``build(dest)`` copies the ``inspector`` package to ``dest`` and compiles the three
+``build(dest)`` copies the ``inspector`` package to ``dest`` and compiles the
 extensions into it with ``-fsanitize=address,undefined -fno-sanitize-recover=all`` and
 ``-DINSPECTOR_NATIVE_STRICT`` (an index out of range aborts instead of declining);
 ``drive(dest, ...)`` runs drive.py with that copy first on the path, ASan's runtime
@@ -25,6 +25,7 @@ EXTENSIONS = (
     "inspector/formats/safe_pickle/_metadata.c",
     "inspector/formats/safe_pickle/_opscan.c",
     "inspector/formats/dcp/_table.c",
+    "inspector/analysis/_health.c",
 )
 FLAGS = (
     "-fsanitize=address,undefined",

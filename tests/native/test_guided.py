@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing of the native entries (tests/native/guided.py): libFuzzer through
 atheris, the C code built by clang with its coverage counters, ASan and UBSan. ``make test``
-runs the ``table`` target (a DCP open, native and Python, so all three extensions run) for
+runs the ``table`` target (a DCP open, native and Python, so the three decoders run) for
 ``GUIDED_FUZZ_SECONDS`` (8 by default); ``make fuzz`` runs every target for longer. A
 sanitizer report, an exception or a native/Python difference fails the run."""
 

@@ -24,6 +24,7 @@ GROWABLE = {
     ),
     "inspector/formats/safe_pickle/_opscan.c": (),
     "inspector/formats/dcp/_table.c": ("items",),
+    "inspector/analysis/_health.c": (),
 }
 BLOCK = re.compile(r"/\* STORAGE BEGIN.*?/\* STORAGE END \*/", re.DOTALL)
 

@@ -37,3 +37,16 @@ def test_the_native_decoders_under_sanitizers(build: Path, corpus: Path) -> None
     assert counts["boundaries"] > 10_000
     assert counts["folders"] >= 20
     assert counts["mutants"] > 100
+
+
+def test_the_health_kernel_under_sanitizers(build: Path) -> None:
+    """_health.c on every short block length, width and mode, specials and refused calls."""
+    code = (
+        "import runpy, sys; from inspector.analysis import _health; "
+        f"assert _health.__file__.startswith({str(build)!r}), _health.__file__; "
+        "sys.argv = ['health_cases']; runpy.run_module('tests.native.health_cases', "
+        "run_name='__main__')"
+    )
+    done = sanitized.run(build, code, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert done.stdout.strip().endswith("ok")

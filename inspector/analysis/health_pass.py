@@ -5,8 +5,9 @@ and every number health reports is taken from a block while it is there: sum of 
 min / max, zeros, NaN / Inf, per-row and per-column max |w|, the update from the step before,
 its sum of squares and its dot product with the update before. Memory is streamed about
 twice, not once per number, and holds two tensors of the parameter (its values and its last
-update, carried to the next step) plus the blocks. Sums of squares are added up in float64
-across blocks (float32 within a block of 64 Ki elements: relative error ~1e-7).
+update, carried to the next step) plus the blocks. A block's numbers come from one call to
+``_health.c`` (sums in float64); where it was not built, from torch ops on the block (sums in
+float32 within a block of 64 Ki elements, float64 across blocks: relative error ~1e-7).
 
 A local tensor whose bytes are plain (``ck.byte_ranges``) is read straight into the block
 buffer with ``readinto``; anything else (a remote run: ranged requests; an assembled or

@@ -22,6 +22,7 @@ LAYERS = (
         "inspector.progress",
         "inspector.reprs",
         "inspector.version",
+        "inspector.words",
     ),
     ("inspector.storage",),
     ("inspector.formats",),

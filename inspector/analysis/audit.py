@@ -33,6 +33,7 @@ from inspector.keys.spellings import model_fqn
 from inspector.keys.training import is_train_step
 from inspector.progress import Counter, ProgressFn
 from inspector.storage import open_location
+from inspector.words import counted
 
 if TYPE_CHECKING:
     import pandas
@@ -60,19 +61,18 @@ class Checked:
     tensors_scanned: int = 0
 
     def text(self) -> str:
-        parts = [f"{self.files} files, {self.records} records"]
+        parts = [f"{counted(self.files, 'file')}, {counted(self.records, 'record')}"]
         if self.checksums:
-            parts.append(
-                f"{self.verified} CRC-32s verified ({self.bytes_checksummed / 1e6:,.1f} MB read)"
-            )
+            read = f"{self.bytes_checksummed / 1e6:,.1f} MB read"
+            parts.append(f"{counted(self.verified, 'CRC-32')} verified ({read})")
         else:
             parts.append("CRC-32s not checked (checksums=False)")
         if self.unchecked:
-            parts.append(f"{self.unchecked} saved without CRC-32")
+            parts.append(f"{self.unchecked:,} saved without CRC-32")
         if self.without_checksum:
-            parts.append(f"{self.without_checksum} without checksums in their format")
+            parts.append(f"{self.without_checksum:,} without checksums in their format")
         if self.values:
-            parts.append(f"{self.tensors_scanned} tensors scanned for NaN / Inf")
+            parts.append(f"{counted(self.tensors_scanned, 'tensor')} scanned for NaN / Inf")
         return ", ".join(parts)
 
 

@@ -485,3 +485,9 @@ def test_checksum_progress_in_bytes_and_cancel(demo_dir: Path) -> None:
 
     with pytest.raises(Cancelled):
         inspector.audit(ck, on_progress=stop_halfway, cancel=cancel)
+
+
+def test_the_coverage_line_counts_in_words(tmp_path: Path) -> None:
+    save_file({"w": torch.ones(2)}, tmp_path / "one.safetensors")
+    line = inspector.audit(tmp_path / "one.safetensors").checked.text()
+    assert line.startswith("1 file, 1 record, ")  # not "1 files, 1 records"

@@ -11,11 +11,6 @@ from inspector.entry import Entry
 from inspector.reprs import bounded_repr
 
 
-def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """``n`` with its noun in the right number: ``1 rank``, ``2 ranks``, ``1,024 keys``."""
-    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
-
-
 def human_bytes(n: int) -> str:
     """Decimal units, like file managers and Hugging Face: 1.5 MB is 1,500,000 bytes."""
     size = float(n)

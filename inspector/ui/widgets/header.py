@@ -14,10 +14,11 @@ from inspector.formats.base import Step
 from inspector.keys.tree import Totals
 from inspector.ui.views.findings import Finding, Findings, at_once, find, location_text
 from inspector.ui.views.summary import Summary, summarize
-from inspector.ui.views.text import counted, human_bytes
+from inspector.ui.views.text import human_bytes
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.jobs import JobBar
 from inspector.ui.widgets.markup import badge, esc, pre, totals_table
+from inspector.words import counted
 
 TONE_BADGES = {"ok": "ok", "info": "info", "warn": "warn", "bad": "bad"}
 TOPICS = {"fp8": "FP8", "layout": "layout", "audit": "audit", "producer": "producer"}

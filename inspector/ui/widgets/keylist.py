@@ -36,7 +36,9 @@ async function toClipboard(text) {
 }
 """
 
-ESM = CLIPBOARD + r"""
+ESM = (
+    CLIPBOARD
+    + r"""
 const same = (a, b) => !!a && !!b && a[0] === b[0] && a[1] === b[1];
 
 function render({ model, el }) {
@@ -153,6 +155,7 @@ function render({ model, el }) {
 
 export default { render };
 """
+)
 
 
 def _row(value: Any) -> RowValue | None:
@@ -197,7 +200,9 @@ class KeyList(anywidget.AnyWidget):
             self.press(str(content.get("event")), row)
 
 
-COPY_ESM = CLIPBOARD + r"""
+COPY_ESM = (
+    CLIPBOARD
+    + r"""
 function render({ model, el }) {
   const button = document.createElement("button");
   button.className = "inspector-copy-key jupyter-button";
@@ -216,6 +221,7 @@ function render({ model, el }) {
 
 export default { render };
 """
+)
 
 
 class CopyButton(anywidget.AnyWidget):

@@ -9,11 +9,12 @@ from inspector.checkpoint import Checkpoint
 from inspector.entry import Entry
 from inspector.keys.tree import KeyNode
 from inspector.ui.views.numbers import TensorNumbers, tensor_numbers
-from inspector.ui.views.text import counted, human_bytes, shape_text, value_text
+from inspector.ui.views.text import human_bytes, shape_text, value_text
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.jobs import JobBar
 from inspector.ui.widgets.keylist import CopyButton
 from inspector.ui.widgets.markup import facts, heading, limited, note, pre, table, totals_table
+from inspector.words import counted
 
 CHUNKS_SHOWN = 32
 VALUE_CHARS = 4000

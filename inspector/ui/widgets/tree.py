@@ -16,10 +16,11 @@ from inspector.keys.spellings import VIEWS, view_key
 from inspector.keys.tree import KeyNode, build_tree
 from inspector.ui.views.flags import BADGES, SHOWS, KeyFlags
 from inspector.ui.views.outline import CHILDREN_PAGE, Outline, Row, entry_page
-from inspector.ui.views.text import counted, human_bytes, shape_text
+from inspector.ui.views.text import human_bytes, shape_text
 from inspector.ui.widgets.errors import ErrorBox
 from inspector.ui.widgets.keylist import KeyList, RowValue
 from inspector.ui.widgets.markup import heading, note, table
+from inspector.words import counted
 
 # A filter down to this many keys opens every node, so the matches are in sight.
 EXPAND_MATCHES = 200

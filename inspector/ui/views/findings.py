@@ -245,7 +245,7 @@ def saved_step(ck: Checkpoint) -> int | None:
     if entry is None or entry.error:
         return None
     try:
-        value = ck.read(entry.key) if entry.kind == "tensor" else ck.read_object(entry.key)
+        value = ck.read_objects([entry.key])[entry.key]
         return int(value.reshape(-1)[0]) if entry.kind == "tensor" else int(value)
     except (InspectorError, TypeError, ValueError):
         return None

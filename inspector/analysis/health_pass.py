@@ -103,8 +103,7 @@ def weights(ck: Checkpoint, key: str, carried: Carried | None) -> tuple[WeightNu
         update = before.update if before.update is not None else torch.zeros(numel)
     size = _block_size(shape)
     tally = _WeightTally(shape, before is not None, min(size, max(numel, 1)))
-    walk = tally.walk_natively if _health is not None else tally.walk
-    walk(values.blocks(size), kept, update, before is not None and before.update is not None)
+    tally.walk(values.blocks(size), kept, update, before is not None and before.update is not None)
     numbers = tally.numbers(before)
     return numbers, Carried(shape, kept, update, numbers.l2, numbers.update_l2)
 
@@ -165,6 +164,9 @@ class _WeightTally:
         """Tallies ``blocks`` (the parameter in order) and, with ``update`` (the update
         before, when ``has_update``), their update from ``kept``; ``kept`` becomes the
         values and ``update`` their update."""
+        if _health is not None:
+            self._walk_in_c(blocks, kept, update, 0 if update is None else 2 if has_update else 1)
+            return
         start = 0
         for block in blocks:
             end = start + block.numel()
@@ -174,16 +176,10 @@ class _WeightTally:
             kept[start:end].copy_(block)
             start = end
 
-    def walk_natively(
-        self,
-        blocks: Iterator[torch.Tensor],
-        kept: torch.Tensor,
-        update: torch.Tensor | None,
-        has_update: bool,
-    ) -> None:
-        """``walk`` by _health.c, one call per block."""
+    def _walk_in_c(self, blocks: Iterator[torch.Tensor], kept: torch.Tensor,
+                   update: torch.Tensor | None, mode: int) -> None:  # fmt: skip
+        """``walk`` by _health.c, one call per block (``mode``: see there)."""
         assert _health is not None
-        mode = 0 if update is None else 2 if has_update else 1
         kept_view, update_view = bytes_view(kept), update if update is None else bytes_view(update)
         rows, columns = (None if t is None else bytes_view(t) for t in (self.rows, self.columns))
         width = self.width

@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+from inspector.analysis import health_pass
+from inspector.analysis.health import HealthReport, health
+
 
 def load_state(path: Path) -> dict[str, Any]:
     """The checkpoint's whole nested state as torch's DCP loader returns it (what
@@ -49,3 +52,10 @@ def resave(flat_state: dict[str, Any], tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return save
+
+
+def health_by_torch(run: Path) -> HealthReport:
+    """health as an install without a C compiler takes it: torch ops on each block."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(health_pass, "_health", None)
+        return health(run)

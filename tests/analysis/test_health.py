@@ -13,9 +13,9 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import inspector
-from inspector.analysis import health_pass
 from inspector.analysis.health import KINDS, HealthReport, Thresholds, health
 from inspector.errors import UsageError
+from tests.analysis.conftest import health_by_torch
 from tests.conftest import FAULTS
 
 KEY = "layers.1.attention.wq.weight"
@@ -30,11 +30,7 @@ def faulty(faulty_run: Path) -> HealthReport:
 @pytest.fixture(scope="module", params=["C", "torch"])
 def kernels(request: pytest.FixtureRequest, faulty: HealthReport, faulty_run: Path) -> HealthReport:
     """The report with the numbers taken by _health.c, and by torch (no C compiler)."""
-    if request.param == "C":
-        return faulty
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(health_pass, "_health", None)
-        return health(faulty_run)
+    return faulty if request.param == "C" else health_by_torch(faulty_run)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from inspector.analysis import health_pass
 from inspector.analysis.health import HealthReport, health
 from inspector.analysis.health_pass import BLOCK
 from inspector.errors import InspectorError, UsageError
+from tests.analysis.conftest import health_by_torch
 from tests.fixtures.servers import CountedServer
 from tests.native import health_cases
 from tests.storage.uploads import uploaded
@@ -59,12 +60,8 @@ def edge(edge_run: Path) -> HealthReport:
 
 @pytest.fixture(scope="module", params=["C", "torch"])
 def report(request: pytest.FixtureRequest, edge: HealthReport, edge_run: Path) -> HealthReport:
-    """The numbers taken by _health.c, and by torch (an install without a C compiler)."""
-    if request.param == "C":
-        return edge
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(health_pass, "_health", None)
-        return health(edge_run)
+    """The report with the numbers taken by _health.c, and by torch (no C compiler)."""
+    return edge if request.param == "C" else health_by_torch(edge_run)
 
 
 def test_the_c_kernel_is_built_and_agrees_with_python() -> None:

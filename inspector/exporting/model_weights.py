@@ -102,8 +102,10 @@ class ModelWeights:
 
     def metas(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """FQN -> (shape, dtype name) as FP8 handling produces them: what the adapters plan
-        from."""
-        return {fqn: (tuple(o.shape or ()), o.dtype or "float32") for fqn, o in self.outputs.items()}
+        from (names, so planning imports no torch)."""
+        return {
+            fqn: (tuple(o.shape or ()), o.dtype or "float32") for fqn, o in self.outputs.items()
+        }
 
     def read(self, fqn: str, index: int | None = None) -> torch.Tensor:
         """The weight (or its slice ``index`` of the leading axis), FP8-handled; the last one

@@ -33,7 +33,8 @@ def apply_plan(plan: Plan, read: Callable[[str], torch.Tensor]) -> dict[str, tor
             continue
         whole = out.get(o.name)
         if whole is None:
-            whole = out[o.name] = torch.empty(o.full_shape or o.shape, dtype=dtypes.to_torch(o.dtype))
+            dtype = dtypes.to_torch(o.dtype)
+            whole = out[o.name] = torch.empty(o.full_shape or o.shape, dtype=dtype)
         region = whole
         for axis, (start, size) in enumerate(zip(o.offsets, o.shape, strict=True)):
             region = region.narrow(axis, start, size)

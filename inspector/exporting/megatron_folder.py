@@ -49,9 +49,9 @@ def export_megatron(request: ExportRequest) -> ExportResult:
     )
     args = plan.args
     chunks = [_chunk(weights, p, dtype) for p in plan.pieces]
-    if dtype:
-        args |= {"params_dtype": dtypes.to_torch(dtype), "bf16": dtype == "bfloat16",
-                 "fp16": dtype == "float16"}  # fmt: skip
+    params = dtype or args["params_dtype"]
+    args |= {"params_dtype": dtypes.to_torch(params), "bf16": params == "bfloat16",
+             "fp16": params == "float16"}  # fmt: skip
     modules = plan.modules
     files, verification = write_and_verify(
         request,

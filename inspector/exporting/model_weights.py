@@ -100,11 +100,11 @@ class ModelWeights:
             self.outputs[fqn], self._keys[fqn] = output, output.name
         self._held: tuple[tuple[str, int | None], torch.Tensor] | None = None
 
-    def metas(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """FQN -> (shape, dtype) as FP8 handling produces them: what the adapters plan from."""
+    def metas(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """FQN -> (shape, dtype name) as FP8 handling produces them: what the adapters plan
+        from (names, so planning imports no torch)."""
         return {
-            fqn: (tuple(o.shape or ()), dtypes.to_torch(o.dtype or "float32"))
-            for fqn, o in self.outputs.items()
+            fqn: (tuple(o.shape or ()), o.dtype or "float32") for fqn, o in self.outputs.items()
         }
 
     def read(self, fqn: str, index: int | None = None) -> torch.Tensor:

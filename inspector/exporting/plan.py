@@ -33,7 +33,7 @@ MODEL_FOLDER_FORMATS = ("hf", "dcp", "megatron")  # whole models under another f
 # each worker's re-planning cost about 2 s), one per core up to MAX_SUGGESTED_WORKERS.
 PARALLEL_BYTES = 4 << 30
 MAX_SUGGESTED_WORKERS = 8
-# The architectures of exporting/hf/ (listed here so the CLI's help need not import torch).
+# The architectures of exporting/hf/ (listed here so the CLI's help need not load the adapters).
 ARCHITECTURE_NAMES = ("llama3", "qwen3", "qwen3_moe", "deepseek_v3")
 CAST_DTYPES = ("bfloat16", "float16", "float32")  # what the app and CLI offer to cast to
 ON_ERROR = ("fail", "skip")

@@ -19,6 +19,7 @@ from inspector.errors import ExportError
 from inspector.exporting.hf import megatron_gpt
 from inspector.exporting.hf.base import TensorMeta
 from inspector.ui.cli import main
+from tests.conftest import run_python
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "megatron" / "from_hf"
 SCENARIOS = {
@@ -95,6 +96,30 @@ def test_from_pretrained_gives_the_original_logits(exports, name) -> None:
 def test_tp2_pp2_and_ep2_exports_equal_tp1(exports, name, tp1) -> None:
     ours, theirs = (_header_and_data(exports[n][0] / "model.safetensors") for n in (name, tp1))
     assert ours == theirs
+
+
+def test_tp1_exports_and_their_verification_never_import_torch(exports, tmp_path) -> None:
+    """At TP=1 every HF tensor is a byte range of a stored chunk (a layer, an expert, a QKV
+    part's rows per group): a fresh process exports and verifies a dense and an MoE run
+    without importing torch, and writes the files an export with torch loaded writes."""
+    names = ("untied_bf16_tp1", "qwen3_moe_fp32_tp1")
+    code = (
+        "import sys, inspector\n"
+        "for source, out in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+        "    r = inspector.export(source, out, format='hf', progress=False)\n"
+        "    assert r.arch == 'megatron_gpt' and r.verification.ok, r.summary()\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = run_python(code, *(str(p) for n in names for p in (FIXTURES / n, tmp_path / n)))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]
+    for name in names:
+        ours, theirs = tmp_path / name, exports[name][0]
+        assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in theirs.iterdir())
+        assert (ours / "config.json").read_text() == (theirs / "config.json").read_text()
+        assert _header_and_data(ours / "model.safetensors") == _header_and_data(
+            theirs / "model.safetensors"
+        )
 
 
 def _header_and_data(path: Path) -> tuple[dict, bytes]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
-
+from inspector import dtypes
 from inspector.exporting.hf.base import Plan
+
+if TYPE_CHECKING:
+    import torch
 
 
 def apply_plan(plan: Plan, read: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -14,6 +17,8 @@ def apply_plan(plan: Plan, read: Callable[[str], torch.Tensor]) -> dict[str, tor
 
     Each source is read once in a row of outputs that share it (the order plans emit).
     """
+    import torch
+
     out: dict[str, torch.Tensor] = {}
     last_key: tuple[str, int | None] | None = None
     last = torch.empty(0)
@@ -28,7 +33,8 @@ def apply_plan(plan: Plan, read: Callable[[str], torch.Tensor]) -> dict[str, tor
             continue
         whole = out.get(o.name)
         if whole is None:
-            whole = out[o.name] = torch.empty(o.full_shape or o.shape, dtype=o.dtype)
+            dtype = dtypes.to_torch(o.dtype)
+            whole = out[o.name] = torch.empty(o.full_shape or o.shape, dtype=dtype)
         region = whole
         for axis, (start, size) in enumerate(zip(o.offsets, o.shape, strict=True)):
             region = region.narrow(axis, start, size)

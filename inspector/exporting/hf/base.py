@@ -7,15 +7,17 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property, partial
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
-
+from inspector import dtypes
 from inspector.errors import ExportError
 from inspector.exporting.hf import transforms
 from inspector.exporting.hf.config import Check, Field, Shapes, resolve
 from inspector.exporting.hf.names import abstract, slot_values, template_form
 from inspector.keys.generations import GENERATIONS, NEWEST, respell
+
+if TYPE_CHECKING:
+    import torch
 
 NAMINGS = GENERATIONS
 COMPONENTS = ("optimizer.", "lr_scheduler.", "train_state.", "dataloader.")
@@ -27,18 +29,21 @@ COPY, ROPE_Q, ROPE_K, EXPERTS = "copy", "rope_q", "rope_k", "experts"
 
 
 class TensorMeta(NamedTuple):
+    """A tensor's shape and dtype name (:mod:`inspector.dtypes`), so planning needs no torch."""
+
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: str
 
 
 def tensor_meta(value: Any) -> TensorMeta:
-    """Shape and dtype of a tensor, a ``(shape, dtype)`` pair or DCP's TensorStorageMetadata."""
+    """Shape and dtype name of a tensor, a ``(shape, dtype)`` pair (a ``torch.dtype`` or its
+    name) or DCP's TensorStorageMetadata."""
     if hasattr(value, "properties") and hasattr(value, "size"):
-        return TensorMeta(tuple(value.size), value.properties.dtype)
-    if isinstance(value, torch.Tensor):
-        return TensorMeta(tuple(value.shape), value.dtype)
+        return TensorMeta(tuple(value.size), dtypes.name_of(value.properties.dtype))
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return TensorMeta(tuple(value.shape), dtypes.name_of(value.dtype))
     shape, dtype = value
-    return TensorMeta(tuple(shape), dtype)
+    return TensorMeta(tuple(shape), dtypes.name_of(dtype))
 
 
 @dataclass(frozen=True)
@@ -71,13 +76,13 @@ class Fill:
     titan: str
     source: str
     make: Callable[[torch.Tensor], torch.Tensor]
-    dtype: torch.dtype
+    dtype: str
     note: str
 
 
 @dataclass(frozen=True)
 class Output:
-    """One tensor to write: ``transform(read(source))`` has ``shape`` and ``dtype``.
+    """One tensor to write: ``transform(read(source))`` has ``shape`` and ``dtype`` (a name).
 
     ``offsets``/``full_shape`` are set when the output is a piece of the tensor ``name``
     (an HF expert written into torchtitan's stacked experts, e.g. as one DCP chunk).
@@ -89,7 +94,7 @@ class Output:
     source: str
     transform: Callable[[torch.Tensor], torch.Tensor]
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: str
     offsets: tuple[int, ...] | None = None
     full_shape: tuple[int, ...] | None = None
     index: int | None = None
@@ -365,6 +370,8 @@ def plan_from_hf(
 
 def filled(fill: Fill, metas: Mapping[str, TensorMeta], naming: str) -> list[Output]:
     """The outputs of ``fill``: one per HF key matching its source."""
+    import torch
+
     form, slots = template_form(fill.source)
     target = respell(fill.titan, NEWEST, naming)
     found = []

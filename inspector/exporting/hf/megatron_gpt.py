@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import torch
-
 from inspector.errors import ExportError
 from inspector.exporting.hf import megatron_moe as moe
 from inspector.exporting.hf import transforms
@@ -432,7 +430,8 @@ class Piece:
 
 @dataclass(frozen=True)
 class MegatronPlan:
-    """The chunks to write, the run's ``args``, the HF keys left out (and why), the stacked
+    """The chunks to write, the run's ``args`` (``params_dtype`` as a dtype name, a
+    ``torch.dtype`` only in the written common state), the HF keys left out (and why), the stacked
     modules with an ``_extra_state`` per layer (-> experts per layer, 0 for one per layer)
     and why the HF model was read as it was."""
 
@@ -553,8 +552,8 @@ def from_hf(tensors: Mapping[str, Any], config: Mapping | None) -> MegatronPlan:
         "position_embedding_type": "rope", "rotary_percent": 1.0, "rotary_interleaved": False,
         "add_bias_linear": False, "add_qkv_bias": bias, "apply_layernorm_1p": False,
         "qk_layernorm": "self_attn.q_norm.weight" in first, "multi_latent_attention": False,
-        "params_dtype": dtype, "bf16": dtype == torch.bfloat16,
-        "fp16": dtype == torch.float16, "tensor_model_parallel_size": 1,
+        "params_dtype": dtype, "bf16": dtype == "bfloat16",
+        "fp16": dtype == "float16", "tensor_model_parallel_size": 1,
         "pipeline_model_parallel_size": 1, "ckpt_format": "torch_dist",
     } | moe_args  # fmt: skip
     traits = f"{'with' if bias else 'no'} QKV biases"

@@ -5,8 +5,6 @@ orientation); HF keeps one tensor per expert. torchtitan's load-balancing buffer
 HF counterpart and are left out (HF Qwen3-MoE routes without a bias).
 """
 
-import torch
-
 from inspector.exporting.hf import decoder, transforms
 from inspector.exporting.hf.base import EXPERTS, Architecture, Fill, Rule
 from inspector.exporting.hf.config import Field, attention, sparse_layers
@@ -71,7 +69,7 @@ ARCH = Architecture(
             "layers.{layer}.moe.expert_bias_E",
             GATE,
             transforms.zeros_per_row,
-            torch.float32,
+            "float32",
             "torchtitan's initial load-balancing bias (zeros), which routes as HF does",
         ),
     ),

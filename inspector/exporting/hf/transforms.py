@@ -2,11 +2,15 @@
 
 Module-level functions (bound with ``functools.partial``) so plans pickle into worker
 processes. Each returns a new tensor or a view of its input; none reads anything else.
+torch is imported only by the ones that make a new tensor, so planning needs none.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def copy(t: torch.Tensor) -> torch.Tensor:
@@ -61,6 +65,8 @@ def first_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 def fuse_rows(parts: list[torch.Tensor], groups: int) -> torch.Tensor:
     """The inverse of :func:`split_rows` over all parts, as one layer's ``[1, rows, ...]``
     chunk of Megatron's stacked tensor."""
+    import torch
+
     grouped = [p.reshape(groups, -1, *p.shape[1:]) for p in parts]
     fused = torch.cat(grouped, dim=1)
     return fused.reshape(1, -1, *parts[0].shape[1:])
@@ -74,6 +80,8 @@ def fuse_expert(parts: list[torch.Tensor]) -> torch.Tensor:
 
 def pad_rows(parts: list[torch.Tensor], rows: int) -> torch.Tensor:
     """The one part with zero rows appended up to ``rows`` (Megatron's padded vocabulary)."""
+    import torch
+
     (t,) = parts
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
@@ -87,6 +95,8 @@ def only(parts: list[torch.Tensor]) -> torch.Tensor:
 def zeros_per_row(t: torch.Tensor) -> torch.Tensor:
     """float32 zeros, one per row of ``t`` (torchtitan's initial ``expert_bias``, one per
     expert of a router gate [experts, dim])."""
+    import torch
+
     return torch.zeros(t.shape[0], dtype=torch.float32, device=t.device)
 
 

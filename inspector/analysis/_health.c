@@ -1,5 +1,6 @@
-/* Health's numbers for one block of float32 values in one pass (see health_pass.py, whose
- * torch code is the same arithmetic where this module is not built).
+/* Health's numbers for one block of float32 values, taken 256 KiB at a time while that part
+ * is in cache (see health_pass.py, whose torch code is the same arithmetic where this module
+ * is not built).
  *
  * weights(block, n, kept, update, start, mode, width, rows, first_row, columns)
  *   block: the block's values (n float32); kept / update: the parameter's carried values and
@@ -45,6 +46,7 @@ overlap(const float *a, const float *b, Py_ssize_t n)
     return n > 0 && x < y + size && y < x + size;
 }
 
+#define SUB_BLOCK (1 << 16) /* values per pass: 256 KiB, in a core's L2 cache */
 #define LANES 8 /* independent sums, so that the compiler keeps them in vector registers */
 /* The loops also built for AVX2, picked at load time where the CPU has it: the same sums (the
  * lanes fix their order; no FMA contraction), twice the width. */
@@ -193,6 +195,35 @@ tally_update(const float *restrict x, float *restrict kept, float *restrict upda
     t->update_dot = dot ? lanes_sum(product) : 0.0;
 }
 
+/* Every number of the block x (n values), SUB_BLOCK values (whole rows) at a time, so that
+ * each part stays in cache through its passes. */
+static void
+tally_block(const float *x, Py_ssize_t n, Py_ssize_t width, float *rows, float *columns,
+            float *kept, float *update, int mode, Tally *t)
+{
+    Py_ssize_t rows_per_part = SUB_BLOCK / width > 0 ? SUB_BLOCK / width : 1;
+    Py_ssize_t step = rows ? rows_per_part * width : SUB_BLOCK;
+    for (Py_ssize_t at = 0; at < n; at += step) {
+        Py_ssize_t size = n - at < step ? n - at : step;
+        Tally part = {0};
+        squares_and_zeros(x + at, size, &part);
+        int finite = isfinite(part.squares);
+        if (!finite) squares_and_zeros_of_finite(x + at, size, &part);
+        maxima(x + at, size, width, rows ? rows + at / width : NULL, columns, finite, &part);
+        if (mode > 0)
+            tally_update(x + at, kept + at, update + at, size, mode == 2, &part);
+        else
+            memcpy(kept + at, x + at, (size_t)size * sizeof(float));
+        t->squares += part.squares;
+        t->nan += part.nan;
+        t->inf += part.inf;
+        t->zeros += part.zeros;
+        t->absmax = part.absmax > t->absmax ? part.absmax : t->absmax;
+        t->update_squares += part.update_squares;
+        t->update_dot += part.update_dot;
+    }
+}
+
 typedef struct {
     double m_squares, v_squares, step_squares;
     long long v_zeros;
@@ -280,15 +311,8 @@ weights(PyObject *self, PyObject *args)
         goto fail_all;
     }
     Py_BEGIN_ALLOW_THREADS
-    squares_and_zeros(x, n, &t);
-    int finite = isfinite(t.squares);
-    if (!finite) squares_and_zeros_of_finite(x, n, &t);
-    maxima(x, n, width, matrix ? (float *)rows.buf + first_row : NULL,
-           matrix ? columns.buf : NULL, finite, &t);
-    if (mode > 0)
-        tally_update(x, kept_at, update_at, n, mode == 2, &t);
-    else
-        memcpy(kept_at, x, (size_t)n * sizeof(float));
+    tally_block(x, n, width, matrix ? (float *)rows.buf + first_row : NULL,
+                matrix ? columns.buf : NULL, kept_at, update_at, mode, &t);
     Py_END_ALLOW_THREADS
 fail_all:
     if (matrix) PyBuffer_Release(&columns);
@@ -326,9 +350,18 @@ moments(PyObject *self, PyObject *args)
     Moments sums = {0};
     float e = with_step ? (float)eps : 1.0f; /* no step wanted: one that stays finite */
     Py_BEGIN_ALLOW_THREADS
-    moment_sums(m.buf, v.buf, n, e, &sums);
-    if (!isfinite(sums.m_squares + sums.v_squares + sums.step_squares))
-        moment_sums_of_finite(m.buf, v.buf, n, e, &sums);
+    for (Py_ssize_t at = 0; at < n; at += SUB_BLOCK) {
+        Py_ssize_t size = n - at < SUB_BLOCK ? n - at : SUB_BLOCK;
+        const float *a = (const float *)m.buf + at, *b = (const float *)v.buf + at;
+        Moments part;
+        moment_sums(a, b, size, e, &part);
+        if (!isfinite(part.m_squares + part.v_squares + part.step_squares))
+            moment_sums_of_finite(a, b, size, e, &part);
+        sums.m_squares += part.m_squares;
+        sums.v_squares += part.v_squares;
+        sums.step_squares += part.step_squares;
+        sums.v_zeros += part.v_zeros;
+    }
     Py_END_ALLOW_THREADS
     if (!with_step) sums.step_squares = 0.0;
     PyBuffer_Release(&m);

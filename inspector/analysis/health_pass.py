@@ -1,13 +1,13 @@
 """Health's numbers for one tensor at one step in one pass over its values.
 
-The values are read in blocks of whole rows that fit in a core's cache (``BLOCK`` elements)
-and every number health reports is taken from a block while it is there: sum of squares,
+The values are read in blocks of whole rows (``BLOCK`` elements) and every number health
+reports is taken from a block, a cache-sized part at a time, while it is there: sum of squares,
 min / max, zeros, NaN / Inf, per-row and per-column max |w|, the update from the step before,
 its sum of squares and its dot product with the update before. Memory is streamed about
 twice, not once per number, and holds two tensors of the parameter (its values and its last
 update, carried to the next step) plus the blocks. A block's numbers come from one call to
 ``_health.c`` (sums in float64); where it was not built, from torch ops on the block (sums in
-float32 within a block of 64 Ki elements, float64 across blocks: relative error ~1e-7).
+float32 within a block, float64 across blocks: relative error ~1e-7).
 
 A local tensor whose bytes are plain (``ck.byte_ranges``) is read straight into the block
 buffer with ``readinto``; anything else (a remote run: ranged requests; an assembled or
@@ -36,7 +36,7 @@ try:
     from inspector.analysis import _health
 except ImportError:  # installed without a C compiler: torch takes the same numbers
     _health = None
-BLOCK = 1 << 16  # elements per block: 256 KiB of float32, in a core's L2 cache
+BLOCK = 1 << 18  # elements per read: 1 MiB of float32 (_health.c takes 256 KiB at a time)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """_health.c against a plain-Python reference: every block length up to ``LONGEST`` (the
-vector loops' tails), matrices of each width that divides it, the three update modes, NaN,
-Inf, -0.0, subnormal and overflowing values; then calls it must refuse (short, misaligned or
-read-only buffers, sizes out of range). Run in the test suite and, under ASan and UBSan,
-by tests/native/test_sanitized.py (``python -m tests.native.health_cases``).
+vector loops' tails) and two past its sub-block, matrices of each width that divides it, the
+three update modes, NaN, Inf, -0.0, subnormal and overflowing values; then calls it must
+refuse (short, misaligned, read-only or overlapping buffers, sizes out of range). Run in the
+test suite and, under ASan and UBSan, by tests/native/test_sanitized.py
+(``python -m tests.native.health_cases``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from inspector.analysis import _health
 
 LONGEST = 40
+SUB_BLOCK = 1 << 16  # _health.c's
 SPECIAL = (math.nan, math.inf, -math.inf, -0.0, 0.0, 1e-45, 3e38, -3e38)
 
 
@@ -82,26 +84,35 @@ def close(got: tuple, want: tuple) -> bool:
     )
 
 
-def weight_cases(rng: random.Random) -> Iterator[str]:
-    """One failure message per disagreement."""
+def _shapes() -> Iterator[tuple[int, int]]:
+    """(n, width): every short block and each width dividing it, then blocks longer than the
+    C code's sub-block (a vector, and a matrix whose rows do not divide it)."""
     for n in range(LONGEST + 1):
         for width in [w for w in range(1, n + 1) if n % w == 0] or [1]:
-            for mode in (0, 1, 2):
-                matrix = width > 1
-                x, kept = values(rng, n), values(rng, n)
-                update = f32([clean(v) for v in values(rng, n)])  # as weights() leaves it
-                want = expected_weights(x, kept, update, mode, width, matrix)
-                rows, columns = f32([0.0] * (n // width)), f32([0.0] * width)
-                got = _health.weights(
+            yield n, width
+    yield SUB_BLOCK + 37, 1
+    yield 7 * (SUB_BLOCK // 7 + 100), 7
+
+
+def weight_cases(rng: random.Random) -> Iterator[str]:
+    """One failure message per disagreement."""
+    for n, width in _shapes():
+        for mode in (0, 1, 2):
+            matrix = width > 1
+            x, kept = values(rng, n), values(rng, n)
+            update = f32([clean(v) for v in values(rng, n)])  # as weights() leaves it
+            want = expected_weights(x, kept, update, mode, width, matrix)
+            rows, columns = f32([0.0] * (n // width)), f32([0.0] * width)
+            got = _health.weights(
                     x, n, kept, update if mode else None, 0, mode, width,
                     rows if matrix else None, 0, columns if matrix else None,
                 )  # fmt: skip
-                after = (list(kept), list(update), list(rows) if matrix else [],
+            after = (list(kept), list(update), list(rows) if matrix else [],
                          list(columns) if matrix else [])  # fmt: skip
-                if not close(got, want[0]) or any(
-                    not _same(a, b) for a, b in zip(after, want[1:], strict=True)
-                ):
-                    yield f"weights n={n} width={width} mode={mode}: {got} != {want[0]}"
+            if not close(got, want[0]) or any(
+                not _same(a, b) for a, b in zip(after, want[1:], strict=True)
+            ):
+                yield f"weights n={n} width={width} mode={mode}: {got} != {want[0]}"
 
 
 def _same(a: list[float], b: list[float]) -> bool:
@@ -110,7 +121,7 @@ def _same(a: list[float], b: list[float]) -> bool:
 
 
 def moment_cases(rng: random.Random) -> Iterator[str]:
-    for n in range(LONGEST + 1):
+    for n in (*range(LONGEST + 1), SUB_BLOCK + 3):
         m = values(rng, n)
         v = f32([abs(a) if rng.random() < 0.9 else a for a in values(rng, n)])
         for eps in (1e-8, 0.0):

@@ -246,9 +246,10 @@ def health(
             workers, chosen, storage_options, params, sizes, counter, limits, (_walk, _paired)
         )
     else:
+        workspace = health_pass.Workspace()
         with health_pass.one_thread():
             walked = [
-                _walk(name, per_step, opened, chosen, optimizer, counter, limits)
+                _walk(name, per_step, opened, chosen, optimizer, counter, limits, workspace)
                 for name, per_step in params.items()
             ]
     rows = [row for found, _ in walked for row in found]
@@ -327,6 +328,7 @@ def _walk(
     optimizer: Sequence[dict[str, _Adam]],
     counter: Counter,
     limits: Thresholds,
+    workspace: health_pass.Workspace,
 ) -> tuple[list[ParamHealth], list[HealthFinding]]:
     """The parameter's rows, step by step, and the steps where it could not be read."""
     rows, unreadable = [], []
@@ -336,13 +338,13 @@ def _walk(
             carried = None
             continue
         try:
-            moments = _moments(ck, adam.get(name))
+            moments = _moments(ck, adam.get(name), workspace)
         except InspectorError as exc:
             unreadable.append(_unreadable(name, step, "its optimizer state", exc))
             moments = {}
         before = carried
         try:
-            numbers, carried = health_pass.weights(ck, key, carried)
+            numbers, carried = health_pass.weights(ck, key, carried, workspace)
         except InspectorError as exc:
             unreadable.append(_unreadable(name, step, "its weights", exc))
             carried = None
@@ -440,7 +442,9 @@ def _with_update(
     return _replace(row, update_l2=l2, update_ratio=ratio, update_cosine=cosine)
 
 
-def _moments(ck: Checkpoint, adam: _Adam | None) -> dict[str, Any]:
+def _moments(
+    ck: Checkpoint, adam: _Adam | None, workspace: health_pass.Workspace
+) -> dict[str, Any]:
     """RMS of the moments and of the effective step; exp_avg_sq's zero fraction; the step."""
     if adam is None:
         return {}
@@ -452,7 +456,7 @@ def _moments(ck: Checkpoint, adam: _Adam | None) -> dict[str, Any]:
         return found
     lr, betas, eps = (adam.value(ck, h) for h in ("lr", "betas", "eps"))
     scale = _step_scale(lr, betas, eps, step)
-    sums = health_pass.moments(ck, m_key, v_key, scale[0] if scale else None)
+    sums = health_pass.moments(ck, m_key, v_key, scale[0] if scale else None, workspace)
     n = sums.numel
     found["exp_avg_rms"] = math.sqrt(sums.m_squares / n) if n else 0.0
     found["exp_avg_sq_rms"] = math.sqrt(sums.v_squares / n) if n else 0.0

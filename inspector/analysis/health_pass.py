@@ -91,24 +91,51 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def weights(ck: Checkpoint, key: str, carried: Carried | None) -> tuple[WeightNumbers, Carried]:
+class Workspace:
+    """The memory a health run works in (carried values and updates, read blocks), named
+    and reused from tensor to tensor, grown to the largest: tensors made afresh for each
+    leave freed memory resident in the allocator, and peak memory past two tensors."""
+
+    def __init__(self) -> None:
+        self._memory: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``numel`` values of ``dtype`` in the memory named ``name``, holding what its last
+        use left; earlier takes of ``name`` share it (or, once it grew, are let go)."""
+        size = max(numel * dtype.itemsize, 1)
+        memory = self._memory.get(name)
+        if memory is None or memory.numel() < size:
+            self._memory.pop(name, None)  # freed before its successor is made
+            memory = self._memory[name] = torch.empty(size, dtype=torch.uint8)
+        return memory[: numel * dtype.itemsize].view(dtype)
+
+
+def weights(
+    ck: Checkpoint, key: str, carried: Carried | None, workspace: Workspace
+) -> tuple[WeightNumbers, Carried]:
     """The numbers of ``key``'s values, and against ``carried`` (the step before, when of the
-    same shape). ``carried``'s buffers are reused: on an error, drop it."""
+    same shape); the values carried on are kept in ``workspace``. On an error, drop
+    ``carried``."""
     values = _Values.of(ck, key)
     shape, numel = values.shape, math.prod(values.shape)
     before = carried if carried is not None and carried.shape == shape else None
-    kept = before.weights if before is not None else torch.empty(numel)
-    update = None
-    if before is not None:
-        update = before.update if before.update is not None else torch.zeros(numel)
+    if before is None:
+        kept, update = workspace.take("values", numel), None
+    else:
+        kept, update = before.weights, before.update
+        if update is None:
+            update = workspace.take("updates", numel).zero_()
     size = _block_size(shape)
-    tally = _WeightTally(shape, before is not None, min(size, max(numel, 1)))
-    tally.walk(values.blocks(size), kept, update, before is not None and before.update is not None)
+    tally = _WeightTally(shape, before is not None, min(size, max(numel, 1)), workspace)
+    blocks = values.blocks(size, workspace, "weights")
+    tally.walk(blocks, kept, update, before is not None and before.update is not None)
     numbers = tally.numbers(before)
     return numbers, Carried(shape, kept, update, numbers.l2, numbers.update_l2)
 
 
-def moments(ck: Checkpoint, m_key: str, v_key: str, eps: float | None) -> MomentNumbers:
+def moments(
+    ck: Checkpoint, m_key: str, v_key: str, eps: float | None, workspace: Workspace
+) -> MomentNumbers:
     """exp_avg's and exp_avg_sq's numbers, read side by side, and the sum of squares of
     m / (√v + ``eps``) (the effective step up to a factor the caller applies)."""
     m_values, v_values = _Values.of(ck, m_key), _Values.of(ck, v_key)
@@ -121,8 +148,10 @@ def moments(ck: Checkpoint, m_key: str, v_key: str, eps: float | None) -> Moment
         )
     m_sq = v_sq = step_sq = 0.0
     zeros = 0
-    scratch, products = (torch.empty(min(BLOCK, max(numel, 1))) for _ in range(2))
-    for m, v in zip(m_values.blocks(BLOCK), v_values.blocks(BLOCK), strict=True):
+    size = min(BLOCK, numel)
+    scratch, products = workspace.take("scratch", size), workspace.take("products", size)
+    m_blocks = m_values.blocks(BLOCK, workspace, "exp_avg")
+    for m, v in zip(m_blocks, v_values.blocks(BLOCK, workspace, "exp_avg_sq"), strict=True):
         n = v.numel()
         if _health is not None:
             a, b, z, s = _health.moments(
@@ -143,7 +172,9 @@ def moments(ck: Checkpoint, m_key: str, v_key: str, eps: float | None) -> Moment
 class _WeightTally:
     """The running sums of one parameter's blocks."""
 
-    def __init__(self, shape: tuple[int, ...], with_update: bool, size: int) -> None:
+    def __init__(
+        self, shape: tuple[int, ...], with_update: bool, size: int, workspace: Workspace
+    ) -> None:
         self.matrix = len(shape) == 2 and min(shape) >= 2
         self.rows = torch.zeros(shape[0]) if self.matrix else None
         self.columns = torch.zeros(shape[1]) if self.matrix else None
@@ -152,7 +183,8 @@ class _WeightTally:
         self.nan = self.inf = self.zeros = 0
         self.update_squares = 0.0 if with_update else None
         self.update_dot = 0.0
-        self.scratch, self.products = torch.empty(size), torch.empty(size)
+        self.scratch = workspace.take("scratch", size)
+        self.products = workspace.take("products", size)
 
     def walk(
         self,
@@ -316,9 +348,10 @@ class _Values:
         value = ck.read(key)  # a logical weight's shape may be known only once read
         return cls(ck, key, tuple(value.shape), None, value)
 
-    def blocks(self, size: int) -> Iterator[torch.Tensor]:
+    def blocks(self, size: int, workspace: Workspace, name: str) -> Iterator[torch.Tensor]:
         """The values in row-major order as float32 blocks of ``size`` elements (the last
-        shorter); a block is valid until the next one is asked for."""
+        shorter), read into ``workspace``'s memory ``name``; a block is valid until the next
+        one is asked for."""
         if self.value is not None:
             flat = self.value.reshape(-1)
             for start in range(0, flat.numel(), size):
@@ -326,8 +359,8 @@ class _Values:
             return
         assert self.ranges is not None
         stored = dtypes.to_torch(self.ck.entry(self.key).dtype or "")
-        buffer = torch.empty(min(size, max(math.prod(self.shape), 1)), dtype=stored)
-        converted = torch.empty(buffer.numel()) if stored != torch.float32 else None
+        buffer = workspace.take(f"{name} read", min(size, max(math.prod(self.shape), 1)), stored)
+        converted = workspace.take(name, buffer.numel()) if stored != torch.float32 else None
         raw, filled = bytes_view(buffer), 0
         for r in self.ranges:
             with r.storage.window(r.name, r.offset, r.length) as window:

@@ -23,10 +23,13 @@ GROUPS_PER_WORKER = 4  # smaller groups: progress to show, and the last worker l
 Walked = tuple[list[Any], list[Any]]  # a parameter's rows and unreadable findings
 Group = list[tuple[str, list[str | None]]]
 # health's own steps, passed in (by reference: it imports this module)
-Walker = Callable[..., Walked]  # (name, per_step, opened, chosen, optimizer, counter, limits)
+# (name, per_step, opened, chosen, optimizer, counter, limits, workspace)
+Walker = Callable[..., Walked]
 Lister = Callable[[Checkpoint], dict[str, Any]]  # a step's optimizer state by parameter
 
-_opened: dict[tuple[str, ...], tuple[list[Checkpoint], list[dict[str, Any]]]] = {}  # a worker's
+# a worker's opened steps, their optimizer state and the workspace its groups share
+Opened = tuple[list[Checkpoint], list[dict[str, Any]], health_pass.Workspace]
+_opened: dict[tuple[str, ...], Opened] = {}
 
 
 def walk(
@@ -91,11 +94,11 @@ def _walk_group(
     where = tuple(s.location for s in chosen)
     if where not in _opened:
         opened = [open_checkpoint(location, storage_options) for location in where]
-        _opened[where] = opened, [optimizer_of(c) for c in opened]
-    opened, optimizer = _opened[where]
+        _opened[where] = opened, [optimizer_of(c) for c in opened], health_pass.Workspace()
+    opened, optimizer, workspace = _opened[where]
     counter = Counter(0)
     with health_pass.one_thread():
         return [
-            walk_one(name, per_step, opened, chosen, optimizer, counter, limits)
+            walk_one(name, per_step, opened, chosen, optimizer, counter, limits, workspace)
             for name, per_step in group
         ]

@@ -123,8 +123,7 @@ def pair_optimizer(ck: Checkpoint) -> Pairing:
         [k for a in found.values() for h, k in (*a.hyper.items(), *a.states.items()) if h in SMALL]
     )
     found = {
-        name: Adam(a.states, a.hyper, {**shared, **a.values}, objects)
-        for name, a in found.items()
+        name: Adam(a.states, a.hyper, {**shared, **a.values}, objects) for name, a in found.items()
     }
     return Pairing(found, tuple(unpaired), _damaged(ck, entries))
 

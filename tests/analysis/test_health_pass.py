@@ -151,3 +151,16 @@ def test_a_remote_run_reads_ranges_and_matches(
     assert remote.findings == edge.findings
     stored = sum(p.stat().st_size for p in edge_run.rglob("*.safetensors"))
     assert s3_server.stats.bytes <= 1.05 * stored  # each tensor's bytes once per step
+
+
+def test_the_workspace_reuses_its_memory_and_grows_to_the_largest() -> None:
+    workspace = health_pass.Workspace()
+    first = workspace.take("values", 1000)
+    smaller = workspace.take("values", 10, torch.bfloat16)
+    assert (first.dtype, first.numel(), smaller.dtype, smaller.numel()) == (
+        torch.float32, 1000, torch.bfloat16, 10
+    )  # fmt: skip
+    assert smaller.data_ptr() == first.data_ptr()  # no new allocation
+    grown = workspace.take("values", 5000)
+    assert grown.numel() == 5000 and workspace.take("values", 4000).data_ptr() == grown.data_ptr()
+    assert workspace.take("updates", 10).data_ptr() != grown.data_ptr()  # names do not share

@@ -67,6 +67,15 @@ def _quiet(logger_name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
+def float8_training() -> tuple[Any, Any]:
+    """torchao's ``Float8LinearConfig`` and ``convert_to_float8_training``, imported without
+    its noise: "Failed to load _C_mxfp8..." (GPU kernels, not needed here) and torch's
+    deprecation note on the enum torchao registers with pytree."""
+    with _quiet("torchao"), _quiet("torch.utils._pytree"):
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    return Float8LinearConfig, convert_to_float8_training
+
+
 def _trained(rank: int, world_size: int, *, fp8: bool) -> tuple[Any, Any, Any]:
     """FSDP2-sharded TinyLlama after TRAIN_STEPS AdamW steps; fp8 wraps Linear weights (torchao)."""
     import torch
@@ -77,9 +86,7 @@ def _trained(rank: int, world_size: int, *, fp8: bool) -> tuple[Any, Any, Any]:
 
     model = build_model()
     if fp8:
-        with _quiet("torchao"):  # "Failed to load _C_mxfp8...": GPU kernels, not needed here
-            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
+        Float8LinearConfig, convert_to_float8_training = float8_training()
         convert_to_float8_training(
             model,
             config=Float8LinearConfig(enable_fsdp_float8_all_gather=True),

@@ -120,8 +120,8 @@ STORIES = {
     "run_health": (
         [
             "saved steps: ['step-10', 'step-20', 'step-30', 'step-40']",
-            "runs/healthy/step-40: 4 step(s), 30 parameters: nothing looks wrong",
-            "runs/faulty/step-40: 4 step(s), 30 parameters: 28 finding(s)",
+            "runs/healthy/step-40: 4 steps, 30 parameters: nothing looks wrong",
+            "runs/faulty/step-40: 4 steps, 30 parameters: 28 findings",
             "step-30: layers.1.attention.wq.weight changed by",
             "step-30: layers.0.attention.wq.weight did not change up to step-30",
             "layer 0                  update ratio 0.0000",

@@ -11,6 +11,7 @@ from inspector.entry import Entry
 from inspector.keys.optimizer import optimizer_ref, resolve_optimizer_fqn
 from inspector.keys.rewrites import Spec, suggest
 from inspector.keys.spellings import canonical_fqn, model_fqn
+from inspector.words import counted
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Consistency:
     def text(self) -> str:
         if self.ok:
             return f"{self.checkpoint}: consistent (optimizer names and model spellings agree)"
-        lines = [f"{self.checkpoint}: {len(self.findings)} finding(s)"]
+        lines = [f"{self.checkpoint}: {counted(len(self.findings), 'finding')}"]
         for f in self.findings:
             lines.append(f"- {f.message}")
             if f.fix:

@@ -38,6 +38,7 @@ from inspector.errors import InspectorError, MissingKeyError, UsageError
 from inspector.formats.base import Step
 from inspector.keys.spellings import canonical_fqn, model_fqn
 from inspector.progress import Counter, ProgressFn
+from inspector.words import counted
 
 if TYPE_CHECKING:
     import pandas
@@ -185,11 +186,12 @@ class HealthReport:
 
     def text(self) -> str:
         head = (
-            f"{self.run}: {len(self.steps)} step(s), {len({r.key for r in self.rows})} parameters"
+            f"{self.run}: {counted(len(self.steps), 'step')}, "
+            f"{counted(len({r.key for r in self.rows}), 'parameter')}"
         )
         if self.ok:
             return f"{head}: nothing looks wrong"
-        lines = [f"{head}: {len(self.findings)} finding(s)"]
+        lines = [f"{head}: {counted(len(self.findings), 'finding')}"]
         lines += [f"- [{f.severity}] {f.step_name}: {f.message}" for f in self.findings]
         return "\n".join(lines)
 
@@ -653,7 +655,8 @@ def _frozen(rows: Sequence[ParamHealth]) -> list[HealthFinding]:
                     first,
                     0.0,
                     f"{first.key} did not change up to {first.step_name} "
-                    f"(nor in {len(still) - 1} later interval(s)) while other parameters trained: "
+                    f"(nor in {counted(len(still) - 1, 'later interval')}) while other parameters "
+                    "trained: "
                     "frozen (requires_grad=False, zero learning rate)?",
                 )
             )

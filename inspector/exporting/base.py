@@ -14,6 +14,7 @@ from inspector.errors import ExportError, InspectorError
 from inspector.exporting.plan import INDEX_NAME, Planned
 from inspector.exporting.verify import Verification
 from inspector.formats.writing import Item
+from inspector.words import counted
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +56,7 @@ class ExportResult:
         lines = [
             f"wrote {self.tensors} tensors ({self.bytes / 1e6:,.1f} MB)"
             + (f" and {self.objects} objects" if self.objects else "")
-            + f" to {len(self.files)} file(s) in {self.seconds:.1f} s",
+            + f" to {counted(len(self.files), 'file')} in {self.seconds:.1f} s",
             *(f"  {p}" for p in self.files),
         ]
         if self.arch:

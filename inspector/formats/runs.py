@@ -27,6 +27,7 @@ from inspector.errors import (
 from inspector.formats.base import Source, Step
 from inspector.formats.producers import PROFILES, StepFiles
 from inspector.storage.base import Storage
+from inspector.words import counted
 
 RELEASE = "release"
 STEP_DIRS = {p.name: re.compile(p.step_dir) for p in PROFILES if p.step_dir}
@@ -59,7 +60,7 @@ def open_run(
     files = [name for name, kind in listed if kind == "file" and name.endswith(_CHECKPOINT_FILES)]
     if files:
         source = open_here(storage)
-        notes.insert(0, f"the folder also holds {len(steps)} saved step(s): see ck.steps")
+        notes.insert(0, f"the folder also holds {counted(len(steps), 'saved step')}: see ck.steps")
         return _attached(source, storage, steps, None, notes)
     if tracker is not None:
         chosen = _tracked(storage, tracker, steps)
@@ -134,7 +135,7 @@ class _StepFiles:
                 continue
             if source.producer != self.producer:
                 return None
-            chose = f"opened the latest step, {newest}, of {len(steps)} saved step(s)"
+            chose = f"opened the latest step, {newest}, of {counted(len(steps), 'saved step')}"
             return _attached(source, self.storage, steps, newest, [chose, *self.notes])
         return None
 
@@ -207,7 +208,7 @@ def _latest(
         except UnfinishedSaveError as exc:
             skipped.append(f"passed over {name}/: {exc.reason}")
             continue
-        chose = f"opened the latest step, {name}/, of {len(steps)} saved step(s)"
+        chose = f"opened the latest step, {name}/, of {counted(len(steps), 'saved step')}"
         return _attached(source, storage, steps, name, [chose, *skipped, *notes])
     raise UnfinishedSaveError(
         "no saved step finished: " + "; ".join(skipped),

@@ -442,10 +442,10 @@ def test_per_rank_metadata_of_a_rank_missing(dcp_distributed_written: dict, tmp_
     shutil.copytree(written.path, folder)
     os.remove(folder / "__1.metadata")
     ck = inspector.open(folder)
-    why = "the save of rank(s) 1 did not finish (no __1.metadata)"
+    why = "the save of rank 1 did not finish (no __1.metadata)"
     assert any(note.startswith(why) for note in ck.source.notes)
     assert why in ck.entry("layers.0.w.weight").error
-    with pytest.raises(CorruptCheckpointError, match=r"'layers\.0\.w\.weight'.*rank\(s\) 1"):
+    with pytest.raises(CorruptCheckpointError, match=r"'layers\.0\.w\.weight'.*rank 1"):
         ck.read("layers.0.w.weight")
     assert same(ck.read("norm.weight"), written.state["norm.weight"])
     assert ck.read_object("dataloader.dp_rank_0") == written.state["dataloader.dp_rank_0"]

@@ -86,7 +86,7 @@ def test_torchtitan_steps_by_number_and_unfinished_passed_over(
     os.rename(run / "step-11" / ".metadata", run / "step-11" / ".metadata.tmp")
     ck = inspector.open(run)
     assert ck.location == str(run / "step-10")
-    assert ck.source.notes[0] == "opened the latest step, step-10/, of 3 saved step(s)"
+    assert ck.source.notes[0] == "opened the latest step, step-10/, of 3 saved steps"
     assert ck.source.notes[1].startswith(
         "passed over step-11/: the save did not finish: .metadata.tmp was written but never"
     )
@@ -109,7 +109,7 @@ def test_hf_trainer_checkpoints(tmp_path: Path) -> None:
         ("checkpoint-500", False),
         ("checkpoint-1000", False),
     ]
-    assert ck.source.notes[0] == "the folder also holds 2 saved step(s): see ck.steps"
+    assert ck.source.notes[0] == "the folder also holds 2 saved steps: see ck.steps"
 
 
 def test_a_checkpoint_folder_has_no_steps(demo_dir: Path) -> None:

@@ -28,7 +28,7 @@ def test_steps_numbered_from_their_names_and_last_is_an_alias() -> None:
     )
     assert ck.location == str(DEFAULT_NAMES / STEP_6)
     assert ck.source.notes[:2] == (
-        f"opened the latest step, {STEP_6}, of 3 saved step(s)",
+        f"opened the latest step, {STEP_6}, of 3 saved steps",
         f"last.ckpt repeats step 6 ({STEP_6}): not a step of its own",
     )
     for name, number in zip(names, (2, 4, 6), strict=True):

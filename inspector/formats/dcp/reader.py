@@ -41,6 +41,7 @@ from inspector.formats.safetensors import Header, plain_description, read_header
 from inspector.formats.torch_archive import TorchArchive, is_zip, zip_members
 from inspector.reprs import bounded_repr
 from inspector.storage.base import ByteRange, Storage, Stream
+from inspector.words import inflected
 
 if TYPE_CHECKING:
     import torch
@@ -136,7 +137,8 @@ class DcpSource:
         whys = [f"unreadable per-rank metadata {', '.join(left_out)}: its chunks are not listed"]
         if unfinished:
             whys.append(
-                f"the save of rank(s) {', '.join(unfinished)} did not finish (no "
+                f"the save of {inflected(len(unfinished), 'rank')} {', '.join(unfinished)} "
+                "did not finish (no "
                 f"{', '.join(f'__{r}.metadata' for r in unfinished)}): their chunks are not listed"
             )
         for why in whys[0 if left_out else 1 :]:

@@ -43,6 +43,7 @@ from inspector.formats.safe_pickle import SubclassRef, TensorRef
 from inspector.formats.safe_pickle.stdlib import EnumMember
 from inspector.formats.torch_save.reader import TorchSaveSource
 from inspector.storage.base import ByteRange, Storage
+from inspector.words import counted, inflected
 
 if TYPE_CHECKING:
     import torch
@@ -115,8 +116,9 @@ class DeepSpeedSource:
                 name, ("optimizer", f"rank{ds_files.rank_of(name)}"), lambda path: "optimizer"
             )
         self.notes = (
-            f"DeepSpeed step: {len(models)} model-states and {len(optims)} optimizer-states "
-            f"file(s); {len(self._masters)} fp32 master weights rebuilt as zero_to_fp32 does",
+            f"DeepSpeed step: {counted(len(models), 'model-states file')} and "
+            f"{counted(len(optims), 'optimizer-states file')}; "
+            f"{counted(len(self._masters), 'fp32 master weight')} rebuilt as zero_to_fp32 does",
             *notes,
         )
 
@@ -254,10 +256,10 @@ class DeepSpeedSource:
         if count != len(optims) or ranks != list(range(count)):
             missing = sorted(set(range(count)) - set(ranks))
             return (
-                f"the optimizer states are partitioned over {count} ranks "
+                f"the optimizer states are partitioned over {counted(count, 'rank')} "
                 f"({optims[0]}: {OPTIMIZER_STATE}.partition_count) but {len(optims)} "
-                f"*_optim_states.pt file(s) are here"
-                + (f"; missing rank(s) {missing}" if missing else "")
+                f"*_optim_states.pt {inflected(len(optims), 'file is', 'files are')} here"
+                + (f"; missing {inflected(len(missing), 'rank')} {missing}" if missing else "")
             )
         unreadable = next((n for n in optims if isinstance(self._files[n], str)), None)
         if unreadable is not None:

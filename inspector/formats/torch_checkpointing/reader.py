@@ -39,6 +39,7 @@ from inspector.formats.torch_checkpointing.metadata import METADATA_PKL, TcMetad
 from inspector.formats.torch_save.reader import class_names
 from inspector.reprs import bounded_repr
 from inspector.storage.base import ByteRange, Storage
+from inspector.words import counted, inflected
 
 if TYPE_CHECKING:
     import torch
@@ -259,7 +260,11 @@ def _metadata(storage: Storage, notes: list[str]) -> TcMetadata | None:
         return None
     notes.append(
         f"{METADATA_PKL} version {metadata.version}: layouts of "
-        f"{', '.join(metadata.items) or 'no'} item(s)"
+        + (
+            f"{inflected(len(metadata.items), 'item')} {', '.join(metadata.items)}"
+            if metadata.items
+            else "no items"
+        )
     )
     return metadata
 
@@ -283,7 +288,9 @@ def _folder_notes(storage: Storage, found: tc_folder.Folder) -> list[str]:
             "once every rank is done; this folder was never renamed"
         )
     if found.skipped:
-        notes.append(f"skipped {len(found.skipped)} file(s): {', '.join(found.skipped[:5])}")
+        notes.append(
+            f"skipped {counted(len(found.skipped), 'file')}: {', '.join(found.skipped[:5])}"
+        )
     for clash in found.clashes:
         notes.append(f"two files claim one item and rank: {clash} (the first is used)")
     if len(found.ranks) > 1:

@@ -683,7 +683,8 @@ def _step_mismatch(rows: Sequence[ParamHealth]) -> list[HealthFinding]:
                     first.optimizer_step,
                     f"{first.key}'s optimizer step counter is {first.optimizer_step:g} at "
                     f"{first.step_name} where most parameters' are {usual[first.step_name]:g} "
-                    f"(and at {len(odd) - 1} later step(s)): it stopped training, or was reset",
+                    f"(and at {counted(len(odd) - 1, 'later step')}): it stopped training, or "
+                    "was reset",
                 )
             )
     return found

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -50,31 +50,30 @@ BLOCK_BUFFERS = 4  # health's read, scratch and products buffers, and exp_avg_sq
 SLACK = 1 << 20  # the allocator's rounding and the report's rows
 
 
-def read_once(run: Path) -> int:
-    """Every tensor health reads, read once through ``ck.read``."""
-    total = 0
+def health_tensors(run: Path) -> Iterator[tuple[inspector.Checkpoint, str]]:
+    """Each step's checkpoint with each tensor health reads in it: the parameters, exp_avg
+    and exp_avg_sq."""
     for step in inspector.open(run).steps:
         ck = inspector.open(step.location)
         for entry in ck.entries():
             if entry.kind == "tensor" and (
                 entry.component == "model" or entry.key.endswith(("exp_avg", "exp_avg_sq"))
             ):
-                total += ck.read(entry.key).numel()
-    return total
+                yield ck, entry.key
+
+
+def read_once(run: Path) -> int:
+    """Every tensor health reads, read once through ``ck.read``."""
+    return sum(ck.read(key).numel() for ck, key in health_tensors(run))
 
 
 def reads_alone(run: Path) -> int:
     """Every tensor health reads, parsed and read in blocks exactly as health reads it, with
     no number taken: health's floor."""
     workspace, total = health_pass.Workspace(), 0
-    for step in inspector.open(run).steps:
-        ck = inspector.open(step.location)
-        for entry in ck.entries():
-            if entry.kind == "tensor" and (
-                entry.component == "model" or entry.key.endswith(("exp_avg", "exp_avg_sq"))
-            ):
-                values = health_pass._Values.of(ck, entry.key)
-                total += sum(b.numel() for b in values.blocks(health_pass.BLOCK, workspace, "x"))
+    for ck, key in health_tensors(run):
+        blocks = health_pass._Values.of(ck, key).blocks(health_pass.BLOCK, workspace, "x")
+        total += sum(block.numel() for block in blocks)
     return total
 
 
